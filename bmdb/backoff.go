@@ -1,0 +1,87 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// Backoff says how long a failed (machine, process) is kept from being
+// claimed again. The first failure waits Initial; each further failure waits
+// the previous interval times Exponent, capped at Maximum. The interval is
+// remembered per (machine, process) until a Finish clears it, so it keeps
+// growing across sessions and components. Deadlines are on the database
+// clock.
+type Backoff struct {
+	// Initial is the first interval. Must be positive.
+	Initial time.Duration
+	// Maximum caps the interval. Must be at least Initial.
+	Maximum time.Duration
+	// Exponent multiplies the interval at each failure. Must be at least 1
+	// (1 keeps it constant).
+	Exponent float64
+	// Jitter, in [0, 1], shortens each wait by a random fraction of up to
+	// Jitter, so that machines that failed together do not return together.
+	// The remembered interval is not jittered. Defaults to 0.
+	Jitter float64
+}
+
+// validate names the first invalid field of b.
+func (b Backoff) validate() error {
+	switch {
+	case b.Initial <= 0:
+		return invalidArgument("Backoff.Initial is %v, must be positive", b.Initial)
+	case b.Maximum < b.Initial:
+		return invalidArgument("Backoff.Maximum is %v, must be at least Backoff.Initial (%v)", b.Maximum, b.Initial)
+	case !(b.Exponent >= 1) || math.IsInf(b.Exponent, 0):
+		return invalidArgument("Backoff.Exponent is %v, must be a finite number of at least 1", b.Exponent)
+	case !(b.Jitter >= 0 && b.Jitter <= 1):
+		return invalidArgument("Backoff.Jitter is %v, must be in [0, 1]", b.Jitter)
+	}
+	return nil
+}
+
+// next returns the interval that follows prev (0: no previous failure).
+func (b Backoff) next(prev time.Duration) time.Duration {
+	if prev <= 0 {
+		return b.Initial
+	}
+	n := float64(prev) * b.Exponent
+	if n >= float64(b.Maximum) {
+		return b.Maximum
+	}
+	return max(time.Duration(n), b.Initial)
+}
+
+// wait returns the jittered wait for interval d, given u uniform in [0, 1).
+func (b Backoff) wait(d time.Duration, u float64) time.Duration {
+	return d - time.Duration(float64(d)*b.Jitter*u)
+}
+
+// apply puts (machine, process) in backoff inside tx.
+func (b Backoff) apply(ctx context.Context, tx *Tx, machine uuid.UUID, process, cause string) error {
+	prevSeconds, err := tx.q.WorkBackoffInterval(ctx, model.WorkBackoffIntervalParams{MachineID: machine, Process: process})
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("bmdb: reading backoff of %q on %s: %w", process, machine, err)
+	}
+	interval := b.next(time.Duration(prevSeconds * float64(time.Second)))
+	err = tx.q.WorkBackoffUpsert(ctx, model.WorkBackoffUpsertParams{
+		MachineID:       machine,
+		Process:         process,
+		WaitSeconds:     b.wait(interval, rand.Float64()).Seconds(),
+		Cause:           cause,
+		IntervalSeconds: interval.Seconds(),
+	})
+	if err != nil {
+		return fmt.Errorf("bmdb: setting backoff of %q on %s: %w", process, machine, err)
+	}
+	return nil
+}

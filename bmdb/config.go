@@ -1,0 +1,176 @@
+package bmdb
+
+import (
+	"strings"
+	"time"
+	"unicode/utf8"
+)
+
+// Defaults and limits of Config and of the arguments of Session methods.
+const (
+	// SessionIntervalDefault is the default Config.SessionInterval: a dead
+	// or partitioned component loses its claims within about this long.
+	SessionIntervalDefault = 5 * time.Second
+	// GCPeriodDefault is the default Config.GCPeriod.
+	GCPeriodDefault = 30 * time.Second
+	// MaxTxAttemptsDefault is the default Config.MaxTxAttempts.
+	MaxTxAttemptsDefault = 100
+	// MaxIdleConnsDefault is the default Config.MaxIdleConns.
+	MaxIdleConnsDefault = 32
+
+	// MaxComponentNameLength is the longest Config.ComponentName, in bytes.
+	MaxComponentNameLength = 255
+	// MaxRuntimeInfoLength is the longest Config.RuntimeInfo, in bytes.
+	MaxRuntimeInfoLength = 4096
+	// MaxProcessLength is the longest process name, in bytes.
+	MaxProcessLength = 128
+	// MaxCauseLength is the longest failure cause stored by Work.Fail, in
+	// bytes; longer causes are truncated (at a UTF-8 boundary), not refused,
+	// so that a failure is always recorded.
+	MaxCauseLength = 4096
+)
+
+// Config configures a Connection. Only DSN and ComponentName are required.
+type Config struct {
+	// DSN is the lib/pq connection string, as a URL
+	// (postgres://user:password@host:port/db?sslmode=verify-full) or as
+	// key=value pairs. It is passed to the driver unchanged; bmdb never logs
+	// its password. Required.
+	DSN string
+
+	// ComponentName names the component in its sessions rows, e.g.
+	// "provisioner". Required; at most MaxComponentNameLength bytes.
+	ComponentName string
+
+	// RuntimeInfo is free text stored with each session, e.g. host name,
+	// pid and version, for operators. At most MaxRuntimeInfoLength bytes.
+	// Defaults to empty.
+	RuntimeInfo string
+
+	// SessionInterval is a session's lifetime without a successful
+	// heartbeat. Heartbeats run every SessionInterval/2. Must be positive
+	// when set. Defaults to SessionIntervalDefault.
+	SessionInterval time.Duration
+
+	// GCPeriod is how often each live session deletes sessions that expired
+	// more than GCGracePeriod ago (recording Abandoned history for their
+	// claims). Each wait is jittered by up to 25%. Must be positive when set.
+	// Defaults to GCPeriodDefault.
+	GCPeriod time.Duration
+
+	// GCGracePeriod is how long an expired session row is kept before GC
+	// deletes it. Expired sessions never block claims: Work takes their
+	// claims over at once. Must not be negative. Defaults to SessionInterval.
+	GCGracePeriod time.Duration
+
+	// SkipMigrations, when true, makes Open only check that the database
+	// schema is exactly at the version this binary embeds, instead of
+	// migrating it up. Defaults to false (migrate on Open).
+	SkipMigrations bool
+
+	// MaxTxAttempts bounds the attempts of one transaction that keeps
+	// failing with serialization errors; then it returns
+	// *RetriesExhaustedError. Must be positive when set. Defaults to
+	// MaxTxAttemptsDefault.
+	MaxTxAttempts int
+
+	// MaxOpenConns bounds the connection pool (database/sql's
+	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
+	MaxOpenConns int
+
+	// MaxIdleConns is the number of idle pooled connections kept (database/sql's
+	// SetMaxIdleConns). Must not be negative. Defaults to MaxIdleConnsDefault.
+	MaxIdleConns int
+}
+
+// withDefaults returns c with every unset field at its default.
+func (c Config) withDefaults() Config {
+	if c.SessionInterval == 0 {
+		c.SessionInterval = SessionIntervalDefault
+	}
+	if c.GCPeriod == 0 {
+		c.GCPeriod = GCPeriodDefault
+	}
+	if c.GCGracePeriod == 0 {
+		c.GCGracePeriod = c.SessionInterval
+	}
+	if c.MaxTxAttempts == 0 {
+		c.MaxTxAttempts = MaxTxAttemptsDefault
+	}
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = MaxIdleConnsDefault
+	}
+	return c
+}
+
+// validate names the first field of c (after defaults) that is invalid.
+func (c Config) validate() error {
+	switch {
+	case c.DSN == "":
+		return invalidArgument("Config.DSN is empty")
+	case c.ComponentName == "":
+		return invalidArgument("Config.ComponentName is empty")
+	case len(c.ComponentName) > MaxComponentNameLength:
+		return invalidArgument("Config.ComponentName is %d bytes long, more than %d", len(c.ComponentName), MaxComponentNameLength)
+	case !validText(c.ComponentName):
+		return invalidArgument("Config.ComponentName is not valid UTF-8 or contains NUL")
+	case len(c.RuntimeInfo) > MaxRuntimeInfoLength:
+		return invalidArgument("Config.RuntimeInfo is %d bytes long, more than %d", len(c.RuntimeInfo), MaxRuntimeInfoLength)
+	case !validText(c.RuntimeInfo):
+		return invalidArgument("Config.RuntimeInfo is not valid UTF-8 or contains NUL")
+	case c.SessionInterval <= 0:
+		return invalidArgument("Config.SessionInterval is %v, must be positive", c.SessionInterval)
+	case c.SessionInterval < 10*time.Millisecond:
+		return invalidArgument("Config.SessionInterval is %v, must be at least 10ms", c.SessionInterval)
+	case c.GCPeriod <= 0:
+		return invalidArgument("Config.GCPeriod is %v, must be positive", c.GCPeriod)
+	case c.GCGracePeriod < 0:
+		return invalidArgument("Config.GCGracePeriod is %v, must not be negative", c.GCGracePeriod)
+	case c.MaxTxAttempts <= 0:
+		return invalidArgument("Config.MaxTxAttempts is %d, must be positive", c.MaxTxAttempts)
+	case c.MaxOpenConns < 0:
+		return invalidArgument("Config.MaxOpenConns is %d, must not be negative", c.MaxOpenConns)
+	case c.MaxIdleConns < 0:
+		return invalidArgument("Config.MaxIdleConns is %d, must not be negative", c.MaxIdleConns)
+	}
+	return nil
+}
+
+// validateProcess checks a process name given to Session.Work.
+func validateProcess(process string) error {
+	switch {
+	case process == "":
+		return invalidArgument("process name is empty")
+	case len(process) > MaxProcessLength:
+		return invalidArgument("process name is %d bytes long, more than %d", len(process), MaxProcessLength)
+	case !validText(process):
+		return invalidArgument("process name is not valid UTF-8 or contains NUL")
+	}
+	return nil
+}
+
+// truncateCause shortens cause to at most MaxCauseLength bytes without
+// splitting a UTF-8 sequence, and replaces invalid UTF-8.
+func truncateCause(cause string) string {
+	cause = toValidUTF8(cause)
+	if len(cause) <= MaxCauseLength {
+		return cause
+	}
+	cut := MaxCauseLength
+	for cut > 0 && !utf8.RuneStart(cause[cut]) {
+		cut--
+	}
+	return cause[:cut]
+}
+
+// toValidUTF8 replaces invalid UTF-8 and NUL bytes, which TEXT columns
+// refuse, with U+FFFD.
+func toValidUTF8(s string) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
+}
+
+// validText reports whether s can be stored in a TEXT column unchanged.
+func validText(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}

@@ -1,0 +1,158 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/lib/pq"
+	"k8s.io/klog/v2"
+)
+
+// engine is the database product behind a Connection.
+type engine int
+
+const (
+	enginePostgres engine = iota
+	engineCockroach
+)
+
+func (e engine) String() string {
+	if e == engineCockroach {
+		return "CockroachDB"
+	}
+	return "PostgreSQL"
+}
+
+// Connection is a pool of database connections for one component, from which
+// it starts sessions. It is safe for concurrent use. Close it when done; it
+// does not close sessions, which must be closed first.
+type Connection struct {
+	cfg    Config
+	db     *sql.DB
+	engine engine
+	stats  counters
+	hooks  testHooks
+
+	closeOnce sync.Once
+	closed    atomic.Bool
+}
+
+// counters are cumulative figures of a Connection, updated atomically.
+type counters struct {
+	txAttempts        atomic.Int64
+	txRetries         atomic.Int64
+	txCommitRetries   atomic.Int64
+	heartbeatFailures atomic.Int64
+}
+
+// testHooks let tests inside this package inject faults. Zero means none.
+type testHooks struct {
+	// beforePoke runs before every heartbeat attempt; a non-nil error fails
+	// that attempt as if the database had returned it.
+	beforePoke func(ctx context.Context) error
+}
+
+// Stats are cumulative figures of a Connection, for tests and metrics.
+type Stats struct {
+	// TxAttempts counts transaction attempts, first tries and retries.
+	TxAttempts int64
+	// TxRetries counts attempts that failed with a serialization error
+	// and were retried.
+	TxRetries int64
+	// TxCommitRetries counts the TxRetries whose error came from COMMIT.
+	TxCommitRetries int64
+	// HeartbeatFailures counts failed heartbeat attempts.
+	HeartbeatFailures int64
+}
+
+// Open connects to the database in cfg.DSN, detects whether it is
+// CockroachDB or PostgreSQL, and migrates its schema up (unless
+// cfg.SkipMigrations; then it only checks the version). ctx bounds the whole
+// of Open, including connecting: an unreachable database fails when ctx is
+// done (or after the DSN's connect_timeout).
+//
+// Errors wrap ErrInvalidArgument for a bad Config, or are a
+// *SchemaVersionError for a schema this binary must not use; none contains
+// the DSN's password.
+func Open(ctx context.Context, cfg Config) (*Connection, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	db, err := openDB(ctx, cfg.DSN)
+	if err != nil {
+		return nil, err
+	}
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxIdleConns(cfg.MaxIdleConns)
+	c := &Connection{cfg: cfg, db: db}
+	if err := c.setUp(ctx); err != nil {
+		db.Close()
+		return nil, err
+	}
+	klog.V(1).Infof("bmdb: component %q connected to %s at %s", cfg.ComponentName, c.engine, redactDSN(cfg.DSN))
+	return c, nil
+}
+
+// setUp detects the engine and brings the schema to this binary's version.
+func (c *Connection) setUp(ctx context.Context) error {
+	var version string
+	if err := c.db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
+		return fmt.Errorf("bmdb: detecting database engine at %s: %w", redactDSN(c.cfg.DSN), redactError(err, c.cfg.DSN))
+	}
+	if strings.Contains(version, "CockroachDB") {
+		c.engine = engineCockroach
+	}
+	return migrateOnOpen(ctx, c.db, c.cfg.DSN, c.engine, !c.cfg.SkipMigrations)
+}
+
+// openDB returns a pool for dsn that has connected once within ctx.
+func openDB(ctx context.Context, dsn string) (*sql.DB, error) {
+	connector, err := pq.NewConnector(dsn)
+	if err != nil {
+		var urlErr *url.Error
+		if errors.As(err, &urlErr) {
+			err = urlErr.Err // url.Error quotes the whole URL, password included
+		}
+		return nil, invalidArgument("Config.DSN is malformed: %v", redactError(err, dsn))
+	}
+	db := sql.OpenDB(connector)
+	if err := db.PingContext(ctx); err != nil {
+		db.Close()
+		if ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+		}
+		return nil, fmt.Errorf("bmdb: connecting to %s: %w", redactDSN(dsn), redactError(err, dsn))
+	}
+	return db, nil
+}
+
+// Close closes the pool. Sessions must be closed first: their heartbeats
+// fail once the pool is gone. Close is idempotent; later calls return nil.
+func (c *Connection) Close() error {
+	var err error
+	c.closeOnce.Do(func() {
+		c.closed.Store(true)
+		err = c.db.Close()
+	})
+	return err
+}
+
+// Stats returns the connection's cumulative figures.
+func (c *Connection) Stats() Stats {
+	return Stats{
+		TxAttempts:        c.stats.txAttempts.Load(),
+		TxRetries:         c.stats.txRetries.Load(),
+		TxCommitRetries:   c.stats.txCommitRetries.Load(),
+		HeartbeatFailures: c.stats.heartbeatFailures.Load(),
+	}
+}
+
+// ComponentName returns the component name the connection's sessions carry.
+func (c *Connection) ComponentName() string { return c.cfg.ComponentName }

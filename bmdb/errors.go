@@ -1,0 +1,137 @@
+package bmdb
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/lib/pq"
+)
+
+// Sentinel errors. Every error bmdb returns that callers may want to act on
+// wraps one of these (or is a typed error whose Is method matches one), so
+// check them with errors.Is.
+var (
+	// ErrInvalidArgument is wrapped by every error about bad input: an empty
+	// or over-long name, a non-positive interval, a nil callback, a malformed
+	// DSN. The message names the offending argument or Config field.
+	ErrInvalidArgument = errors.New("bmdb: invalid argument")
+
+	// ErrConnectionClosed is returned by methods of a Connection after Close.
+	ErrConnectionClosed = errors.New("bmdb: connection closed")
+
+	// ErrSessionExpired means the session is no longer alive: its deadline
+	// passed on the database clock, or its heartbeat could not extend it for
+	// a whole interval. Nothing of a transaction that returns it committed.
+	ErrSessionExpired = errors.New("bmdb: session expired")
+
+	// ErrSessionClosed is returned by methods of a Session after Close.
+	ErrSessionClosed = errors.New("bmdb: session closed")
+
+	// ErrWorkConflict means every candidate the retrieval returned is claimed
+	// for the process by another live session.
+	ErrWorkConflict = errors.New("bmdb: work conflict: machine already claimed by a live session")
+
+	// ErrNothingToDo means the retrieval returned no candidate, or only
+	// candidates that are in backoff for the process.
+	ErrNothingToDo = errors.New("bmdb: nothing to do")
+
+	// ErrWorkDone is returned by Finish, Cancel and Fail once the Work has
+	// ended.
+	ErrWorkDone = errors.New("bmdb: work already ended")
+
+	// ErrWorkLost means the session no longer holds the claim: it was taken
+	// over after the session expired, or removed with the session. The
+	// Finish, Cancel or Fail that returns it did not take effect.
+	ErrWorkLost = errors.New("bmdb: work claim lost")
+
+	// ErrUnknownMachine means a retrieval returned a machine id that is not
+	// in the machines table.
+	ErrUnknownMachine = errors.New("bmdb: unknown machine")
+
+	// ErrRetriesExhausted means a transaction kept failing with retryable
+	// serialization errors; it is wrapped by *RetriesExhaustedError.
+	ErrRetriesExhausted = errors.New("bmdb: transaction retries exhausted")
+
+	// ErrSchemaTooNew means the database schema is at a migration version
+	// this binary does not know: a newer binary migrated it. It is wrapped by
+	// *SchemaVersionError.
+	ErrSchemaTooNew = errors.New("bmdb: database schema is newer than this binary")
+
+	// ErrSchemaTooOld means the database schema is older than this binary
+	// needs and migrations are disabled. It is wrapped by *SchemaVersionError.
+	ErrSchemaTooOld = errors.New("bmdb: database schema is older than this binary")
+
+	// ErrSchemaDirty means a migration failed half-way and the schema needs
+	// an operator's repair. It is wrapped by *SchemaVersionError.
+	ErrSchemaDirty = errors.New("bmdb: database schema is dirty")
+)
+
+// RetriesExhaustedError reports a transaction given up after Attempts
+// attempts, each failing with a serialization error; Last is the last of
+// them. errors.Is(err, ErrRetriesExhausted) holds.
+type RetriesExhaustedError struct {
+	Attempts int
+	Last     error
+}
+
+func (e *RetriesExhaustedError) Error() string {
+	return fmt.Sprintf("%v after %d attempts: %v", ErrRetriesExhausted, e.Attempts, e.Last)
+}
+
+// Is reports whether target is ErrRetriesExhausted.
+func (e *RetriesExhaustedError) Is(target error) bool { return target == ErrRetriesExhausted }
+
+// Unwrap returns the last serialization error.
+func (e *RetriesExhaustedError) Unwrap() error { return e.Last }
+
+// SchemaVersionError reports a database schema this binary refuses to use.
+// Err is ErrSchemaTooNew, ErrSchemaTooOld or ErrSchemaDirty.
+type SchemaVersionError struct {
+	Err      error
+	Database uint // the version recorded in the database (0: none)
+	Binary   uint // the newest version embedded in this binary
+	Dirty    bool
+}
+
+func (e *SchemaVersionError) Error() string {
+	if e.Dirty {
+		return fmt.Sprintf("%v: version %d is marked dirty (a migration failed half-way); repair it and force the version with golang-migrate", e.Err, e.Database)
+	}
+	return fmt.Sprintf("%v: database at version %d, binary knows up to %d", e.Err, e.Database, e.Binary)
+}
+
+// Unwrap returns Err.
+func (e *SchemaVersionError) Unwrap() error { return e.Err }
+
+// PostgreSQL / CockroachDB error codes bmdb reacts to.
+const (
+	codeSerializationFailure = "40001"
+	codeDeadlockDetected     = "40P01"
+	codeUniqueViolation      = "23505"
+	codeForeignKeyViolation  = "23503"
+)
+
+// sqlState returns the SQLSTATE of the first database error in err's chain,
+// or "".
+func sqlState(err error) string {
+	var pqErr *pq.Error
+	if errors.As(err, &pqErr) {
+		return string(pqErr.Code)
+	}
+	return ""
+}
+
+// isRetryable reports whether err is a serialization failure after which the
+// whole transaction may be retried.
+func isRetryable(err error) bool {
+	switch sqlState(err) {
+	case codeSerializationFailure, codeDeadlockDetected:
+		return true
+	}
+	return false
+}
+
+// invalidArgument returns an error wrapping ErrInvalidArgument.
+func invalidArgument(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}

@@ -1,0 +1,188 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+func TestMain(m *testing.M) {
+	testdb.Main(m, func(ctx context.Context, dsn string) error {
+		c, err := Open(ctx, Config{DSN: dsn, ComponentName: "testdb"})
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+// testInterval is the session interval of tests: short, so expiry is fast.
+const testInterval = time.Second
+
+// env is one test's database: its DSN and a raw pool for assertions.
+type env struct {
+	t   *testing.T
+	dsn string
+	db  *sql.DB
+	q   *model.Queries
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	t.Parallel()
+	dsn := testdb.New(t)
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return &env{t: t, dsn: dsn, db: db, q: model.New(db)}
+}
+
+// config returns a test Config for the env's database.
+func (e *env) config() Config {
+	return Config{DSN: e.dsn, ComponentName: "test", RuntimeInfo: e.t.Name(), SessionInterval: testInterval}
+}
+
+// open opens a Connection closed at cleanup; mods adjust its Config.
+func (e *env) open(mods ...func(*Config)) *Connection {
+	e.t.Helper()
+	cfg := e.config()
+	for _, mod := range mods {
+		mod(&cfg)
+	}
+	c, err := Open(context.Background(), cfg)
+	if err != nil {
+		e.t.Fatalf("Open: %v", err)
+	}
+	e.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// session starts a Session on c, closed at cleanup.
+func (e *env) session(c *Connection) *Session {
+	e.t.Helper()
+	s, err := c.StartSession(context.Background())
+	if err != nil {
+		e.t.Fatalf("StartSession: %v", err)
+	}
+	e.t.Cleanup(func() { s.Close(context.Background()) })
+	return s
+}
+
+// machine inserts a machine.
+func (e *env) machine() uuid.UUID {
+	e.t.Helper()
+	id, err := e.q.MachineCreate(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}
+
+// exec runs a statement on the raw pool.
+func (e *env) exec(query string, args ...any) {
+	e.t.Helper()
+	if _, err := e.db.Exec(query, args...); err != nil {
+		e.t.Fatalf("%s: %v", query, err)
+	}
+}
+
+// expireInDB moves a session's deadline into the past on the database, as
+// if its heartbeats had stopped `ago` ago.
+func (e *env) expireInDB(id uuid.UUID, ago time.Duration) {
+	e.t.Helper()
+	e.exec("UPDATE sessions SET deadline = now() - $2 * INTERVAL '1 second' WHERE session_id = $1", id, ago.Seconds())
+}
+
+// events returns a machine's history as "event@session-index" strings,
+// numbering sessions in the order given.
+func (e *env) events(machine uuid.UUID, sessions ...*Session) []string {
+	e.t.Helper()
+	rows, err := e.q.WorkHistoryForMachine(context.Background(), machine)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	out := []string{}
+	for _, r := range rows {
+		who := "?"
+		for i, s := range sessions {
+			if s.ID() == r.SessionID {
+				who = string(rune('1' + i))
+			}
+		}
+		out = append(out, r.Process+":"+string(r.Event)+"@"+who)
+	}
+	return out
+}
+
+// alive reports whether the database considers the session alive.
+func (e *env) aliveInDB(id uuid.UUID) bool {
+	e.t.Helper()
+	var alive bool
+	err := e.db.QueryRow("SELECT deadline > now() FROM sessions WHERE session_id = $1", id).Scan(&alive)
+	if errors.Is(err, sql.ErrNoRows) {
+		return false
+	}
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return alive
+}
+
+// count runs a COUNT query.
+func (e *env) count(query string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.QueryRow(query, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// eventually polls cond every 10ms until it holds or timeout passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitDone waits for the session to end, failing after timeout.
+func waitDone(t *testing.T, s *Session, timeout time.Duration) {
+	t.Helper()
+	select {
+	case <-s.Done():
+	case <-time.After(timeout):
+		t.Fatalf("session did not end within %v", timeout)
+	}
+}
+
+// retrieveAll returns a retrieval that proposes the given machines.
+func retrieveAll(ids ...uuid.UUID) func(*Tx) ([]uuid.UUID, error) {
+	return func(*Tx) ([]uuid.UUID, error) { return ids, nil }
+}
+
+// retrieveIdle proposes machines without work or backoff for process.
+func retrieveIdle(process string) func(*Tx) ([]uuid.UUID, error) {
+	return func(tx *Tx) ([]uuid.UUID, error) {
+		return tx.Queries().MachinesWithoutWork(context.Background(), model.MachinesWithoutWorkParams{Process: process, RowLimit: 10})
+	}
+}
+
+func noCommit(*Tx) error { return nil }
+
+// slicesEqual reports whether got holds exactly want, in order.
+func slicesEqual(got []string, want ...string) bool { return slices.Equal(got, want) }

@@ -1,0 +1,168 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/database"
+	"github.com/golang-migrate/migrate/v4/database/cockroachdb"
+	"github.com/golang-migrate/migrate/v4/database/postgres"
+	"github.com/golang-migrate/migrate/v4/source"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/migrations"
+)
+
+// migrator wraps golang-migrate over the embedded migrations and one
+// connection of the pool. Close releases the connection.
+type migrator struct {
+	m      *migrate.Migrate
+	latest uint // newest version embedded in this binary
+}
+
+// newMigrator prepares migrations for the database of db and dsn. On
+// PostgreSQL it uses golang-migrate's postgres driver over one connection of
+// db; on CockroachDB its cockroachdb driver over a pool of its own, which
+// that driver closes (each driver fails on the other engine).
+func newMigrator(ctx context.Context, db *sql.DB, dsn string, eng engine) (*migrator, error) {
+	src, err := iofs.New(migrations.FS, ".")
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: reading embedded migrations: %w", err)
+	}
+	latest, err := latestVersion(src)
+	if err != nil {
+		return nil, err
+	}
+	var drv database.Driver
+	switch eng {
+	case engineCockroach:
+		var own *sql.DB
+		own, err = openDB(ctx, dsn)
+		if err == nil {
+			drv, err = cockroachdb.WithInstance(own, &cockroachdb.Config{})
+			if err != nil {
+				own.Close()
+			}
+		}
+	default:
+		var conn *sql.Conn
+		conn, err = db.Conn(ctx)
+		if err == nil {
+			drv, err = postgres.WithConnection(ctx, conn, &postgres.Config{})
+			if err != nil {
+				conn.Close()
+			}
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: preparing migrations: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, eng.String(), drv)
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: preparing migrations: %w", err)
+	}
+	m.Log = migrateLogger{}
+	return &migrator{m: m, latest: latest}, nil
+}
+
+// latestVersion returns the newest migration version in src.
+func latestVersion(src source.Driver) (uint, error) {
+	v, err := src.First()
+	if err != nil {
+		return 0, fmt.Errorf("bmdb: reading embedded migrations: %w", err)
+	}
+	for {
+		next, err := src.Next(v)
+		if errors.Is(err, os.ErrNotExist) {
+			return v, nil
+		}
+		if err != nil {
+			return 0, fmt.Errorf("bmdb: reading embedded migrations: %w", err)
+		}
+		v = next
+	}
+}
+
+// version returns the database's schema version (0 when none) and whether
+// it is dirty.
+func (mg *migrator) version() (uint, bool, error) {
+	v, dirty, err := mg.m.Version()
+	if errors.Is(err, migrate.ErrNilVersion) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("bmdb: reading schema version: %w", err)
+	}
+	return v, dirty, nil
+}
+
+// check returns a *SchemaVersionError if the schema is dirty or newer than
+// this binary, or (when mustBeCurrent) older than it.
+func (mg *migrator) check(mustBeCurrent bool) error {
+	v, dirty, err := mg.version()
+	if err != nil {
+		return err
+	}
+	verr := &SchemaVersionError{Database: v, Binary: mg.latest, Dirty: dirty}
+	switch {
+	case dirty:
+		verr.Err = ErrSchemaDirty
+	case v > mg.latest:
+		verr.Err = ErrSchemaTooNew
+	case mustBeCurrent && v < mg.latest:
+		verr.Err = ErrSchemaTooOld
+	default:
+		return nil
+	}
+	return verr
+}
+
+// up applies every migration newer than the schema.
+func (mg *migrator) up() error {
+	if err := mg.check(false); err != nil {
+		return err
+	}
+	if err := mg.m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("bmdb: migrating up: %w", err)
+	}
+	return nil
+}
+
+// down reverts every migration: all bmdb data is lost.
+func (mg *migrator) down() error {
+	if err := mg.m.Down(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("bmdb: migrating down: %w", err)
+	}
+	return nil
+}
+
+func (mg *migrator) close() {
+	srcErr, dbErr := mg.m.Close()
+	if err := errors.Join(srcErr, dbErr); err != nil {
+		klog.Warningf("bmdb: closing migrator: %v", err)
+	}
+}
+
+// migrateOnOpen migrates the schema up (apply) or checks that it is current.
+func migrateOnOpen(ctx context.Context, db *sql.DB, dsn string, eng engine, apply bool) error {
+	mg, err := newMigrator(ctx, db, dsn, eng)
+	if err != nil {
+		return err
+	}
+	defer mg.close()
+	if apply {
+		return mg.up()
+	}
+	return mg.check(true)
+}
+
+// migrateLogger sends golang-migrate's log to klog.
+type migrateLogger struct{}
+
+func (migrateLogger) Printf(format string, v ...any) { klog.V(2).Infof("migrate: "+format, v...) }
+func (migrateLogger) Verbose() bool                  { return klog.V(2).Enabled() }

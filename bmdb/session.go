@@ -1,0 +1,309 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// Session is a component's liveness in the database: a sessions row whose
+// deadline one goroutine, owned by the Session, keeps extending. Claims taken
+// with Work belong to the session and die with it.
+//
+// A Session is safe for concurrent use. It ends either by Close or by
+// expiry; either way Done is closed and every later method call returns
+// ErrSessionClosed or an error wrapping ErrSessionExpired. Close must be
+// called in both cases to stop using it and delete its row.
+type Session struct {
+	conn     *Connection
+	id       uuid.UUID
+	interval time.Duration
+
+	// ctx is cancelled, with ErrSessionClosed or ErrSessionExpired as its
+	// cause, when the session ends.
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	done   chan struct{}
+
+	// localDeadline is when the session is dead by the local monotonic
+	// clock: one interval after the start of the last successful heartbeat.
+	// The database never expires it earlier.
+	localDeadline atomic.Pointer[time.Time]
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// StartSession inserts a new session row and starts its heartbeat
+// goroutine. ctx bounds only the start; the session lives until Close or
+// expiry.
+func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
+	start := time.Now()
+	var id uuid.UUID
+	err := c.transact(ctx, func(tx *Tx) error {
+		var err error
+		id, err = tx.q.SessionStart(ctx, model.SessionStartParams{
+			ComponentName:   c.cfg.ComponentName,
+			RuntimeInfo:     c.cfg.RuntimeInfo,
+			IntervalSeconds: c.cfg.SessionInterval.Seconds(),
+		})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: starting session: %w", err)
+	}
+	sctx, cancel := context.WithCancelCause(context.Background())
+	s := &Session{
+		conn:     c,
+		id:       id,
+		interval: c.cfg.SessionInterval,
+		ctx:      sctx,
+		cancel:   cancel,
+		done:     make(chan struct{}),
+	}
+	s.setLocalDeadline(start.Add(s.interval))
+	go s.heartbeat()
+	klog.V(1).Infof("bmdb: session %s of %q started (interval %v)", id, c.cfg.ComponentName, s.interval)
+	return s, nil
+}
+
+// ID returns the session's id, the session_id of its row.
+func (s *Session) ID() uuid.UUID { return s.id }
+
+// Context returns a context that is cancelled when the session ends, with
+// ErrSessionClosed or an error wrapping ErrSessionExpired as its cause
+// (context.Cause). Work done under a claim should use it, so that it stops
+// when the claim can no longer be finished.
+func (s *Session) Context() context.Context { return s.ctx }
+
+// Done returns a channel that is closed when the session has ended and its
+// heartbeat goroutine has exited.
+func (s *Session) Done() <-chan struct{} { return s.done }
+
+// Err returns nil while the session is alive, and after Done is closed why
+// it ended: ErrSessionClosed, or an error wrapping ErrSessionExpired.
+func (s *Session) Err() error {
+	select {
+	case <-s.done:
+		return context.Cause(s.ctx)
+	default:
+		return nil
+	}
+}
+
+// Close ends the session: it stops the heartbeat goroutine and waits for it,
+// then, in one transaction bounded by ctx and by the session interval,
+// deletes the session row and its claims, recording them as Canceled (or as
+// Abandoned if the session had already expired). In-flight transactions of
+// the session are aborted.
+//
+// Close is idempotent and may be called after expiry; every call returns
+// the first call's result.
+func (s *Session) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.cancel(ErrSessionClosed)
+		<-s.done
+		s.closeErr = s.release(ctx)
+		klog.V(1).Infof("bmdb: session %s closed", s.id)
+	})
+	return s.closeErr
+}
+
+// release deletes the session row and its claims with their history.
+func (s *Session) release(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.interval)
+	defer cancel()
+	err := s.conn.transact(ctx, func(tx *Tx) error {
+		event := model.WorkHistoryEventCanceled
+		if _, err := tx.q.SessionCheck(ctx, s.id); errors.Is(err, sql.ErrNoRows) {
+			event = model.WorkHistoryEventAbandoned
+		} else if err != nil {
+			return err
+		}
+		if _, err := tx.q.WorkEndSession(ctx, model.WorkEndSessionParams{Event: event, SessionID: s.id}); err != nil {
+			return err
+		}
+		_, err := tx.q.SessionDelete(ctx, s.id)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("bmdb: deleting session %s: %w", s.id, err)
+	}
+	return nil
+}
+
+// alive returns nil if the session may still be used, and otherwise why not.
+func (s *Session) alive() error {
+	if s.ctx.Err() != nil {
+		return context.Cause(s.ctx)
+	}
+	if !time.Now().Before(*s.localDeadline.Load()) {
+		return fmt.Errorf("%w: no successful heartbeat for %v", ErrSessionExpired, s.interval)
+	}
+	return nil
+}
+
+// expire ends the session because the database says it has expired.
+func (s *Session) expire() {
+	s.cancel(fmt.Errorf("%w: deadline passed on the database clock", ErrSessionExpired))
+}
+
+func (s *Session) setLocalDeadline(t time.Time) { s.localDeadline.Store(&t) }
+
+// Transact runs fn in a SERIALIZABLE transaction that first checks, on the
+// database clock, that the session is alive; an expired session returns an
+// error wrapping ErrSessionExpired and nothing commits. ctx bounds the whole
+// call, retries included; the transaction is also aborted if the session
+// ends meanwhile.
+//
+// fn may run several times, once per attempt, each time with a new Tx: it
+// must have no side effects outside the transaction, and it must return
+// database errors wrapped with %w (never formatted with %v), or the
+// serialization failures that drive retries are masked. An error from fn
+// rolls the attempt back and is returned as is. Retries exhausted return
+// *RetriesExhaustedError.
+func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
+	if fn == nil {
+		return invalidArgument("Transact: fn is nil")
+	}
+	return s.transact(ctx, fn)
+}
+
+// transact is Transact without argument checks.
+func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	defer func() {
+		stop()
+		cancel(nil)
+	}()
+	return s.conn.transact(ctx, func(tx *Tx) error {
+		if err := s.check(ctx, tx); err != nil {
+			return err
+		}
+		return fn(tx)
+	})
+}
+
+// check verifies inside tx that the session is alive on the database clock.
+func (s *Session) check(ctx context.Context, tx *Tx) error {
+	_, err := tx.q.SessionCheck(ctx, s.id)
+	if errors.Is(err, sql.ErrNoRows) {
+		s.expire()
+		return context.Cause(s.ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("bmdb: checking session: %w", err)
+	}
+	return nil
+}
+
+// heartbeat is the session's goroutine. It extends the deadline every
+// interval/2, runs GC every GCPeriod, and closes done when the session ends.
+func (s *Session) heartbeat() {
+	defer close(s.done)
+	poke := time.NewTimer(s.interval / 2)
+	defer poke.Stop()
+	gc := time.NewTimer(jitterGCPeriod(s.conn.cfg.GCPeriod))
+	defer gc.Stop()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-poke.C:
+			if err := s.poke(); err != nil {
+				if !errors.Is(err, ErrSessionClosed) {
+					klog.Warningf("bmdb: session %s of %q ended: %v", s.id, s.conn.cfg.ComponentName, err)
+				}
+				s.cancel(err)
+				return
+			}
+			poke.Reset(time.Until(s.localDeadline.Load().Add(-s.interval / 2)))
+		case <-gc.C:
+			s.collectGarbage()
+			gc.Reset(jitterGCPeriod(s.conn.cfg.GCPeriod))
+		}
+	}
+}
+
+// poke extends the session's deadline, retrying transient failures until the
+// local deadline. It returns an error wrapping ErrSessionExpired when the
+// database has expired the session or the local deadline passes, and the
+// session's cause when the session is closed meanwhile.
+func (s *Session) poke() error {
+	for attempt := 1; ; attempt++ {
+		deadline := *s.localDeadline.Load()
+		start := time.Now()
+		if !start.Before(deadline) {
+			return fmt.Errorf("%w: no successful heartbeat for %v", ErrSessionExpired, s.interval)
+		}
+		extended, err := s.pokeOnce(deadline)
+		switch {
+		case err == nil && extended:
+			s.setLocalDeadline(start.Add(s.interval))
+			return nil
+		case err == nil:
+			return fmt.Errorf("%w: deadline passed on the database clock", ErrSessionExpired)
+		case s.ctx.Err() != nil:
+			return context.Cause(s.ctx)
+		}
+		s.conn.stats.heartbeatFailures.Add(1)
+		klog.Warningf("bmdb: session %s heartbeat attempt %d failed: %v", s.id, attempt, err)
+		wait := min(s.interval/20, time.Until(deadline))
+		if err := sleep(s.ctx, wait); err != nil {
+			return err
+		}
+	}
+}
+
+// pokeOnce makes one heartbeat attempt bounded by deadline, and reports
+// whether the database extended the session.
+func (s *Session) pokeOnce(deadline time.Time) (bool, error) {
+	ctx, cancel := context.WithDeadline(s.ctx, deadline)
+	defer cancel()
+	if hook := s.conn.hooks.beforePoke; hook != nil {
+		if err := hook(ctx); err != nil {
+			return false, err
+		}
+	}
+	var rows int64
+	err := s.conn.transact(ctx, func(tx *Tx) error {
+		var err error
+		rows, err = tx.q.SessionPoke(ctx, s.id)
+		return err
+	})
+	return rows == 1, err
+}
+
+// collectGarbage runs one GC pass on behalf of the session, bounded so that
+// it cannot delay the next heartbeat much.
+func (s *Session) collectGarbage() {
+	ctx, cancel := context.WithTimeout(s.ctx, s.interval/4)
+	defer cancel()
+	n, err := s.conn.CollectGarbage(ctx)
+	switch {
+	case err != nil && s.ctx.Err() == nil:
+		klog.Warningf("bmdb: session %s: garbage collection failed: %v", s.id, err)
+	case n > 0:
+		klog.V(1).Infof("bmdb: session %s: garbage collection deleted %d expired sessions", s.id, n)
+	}
+}
+
+// jitterGCPeriod returns p shortened by up to 25%, so that components do not
+// collect garbage in lockstep.
+func jitterGCPeriod(p time.Duration) time.Duration {
+	return p - rand.N(p/4+1)
+}

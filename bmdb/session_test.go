@@ -1,0 +1,285 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// Invariant 2: StartSession inserts a row with deadline = now() + interval,
+// and the heartbeat keeps moving it forward on the database clock.
+func TestSessionHeartbeatExtendsDeadline(t *testing.T) {
+	e := newEnv(t)
+	s := e.session(e.open())
+
+	row, err := e.q.SessionGet(context.Background(), s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if row.ComponentName != "test" || row.RuntimeInfo != t.Name() || row.IntervalSeconds != testInterval.Seconds() {
+		t.Errorf("session row = %+v", row)
+	}
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1 AND deadline > now() AND deadline <= now() + INTERVAL '1 second'", s.ID()); n != 1 {
+		t.Fatalf("deadline %v is not within one interval from now on the database clock", row.Deadline)
+	}
+	first := row.Deadline
+	// Three heartbeats are due in 1.5 intervals; see at least two extend the
+	// deadline while the session stays alive past its first deadline.
+	eventually(t, 3*testInterval, "two heartbeats", func() bool {
+		row, err := e.q.SessionGet(context.Background(), s.ID())
+		return err == nil && row.Deadline.Sub(first) >= testInterval
+	})
+	if !e.aliveInDB(s.ID()) || s.Err() != nil {
+		t.Fatalf("session not alive after heartbeats: err=%v", s.Err())
+	}
+	if err := s.Transact(context.Background(), noCommit); err != nil {
+		t.Fatalf("Transact on a live session: %v", err)
+	}
+}
+
+// Invariant 2: when heartbeats stop (here: the poke hangs), the session ends
+// locally no later than the database expires it, and Transact then refuses.
+func TestSessionExpiresWhenHeartbeatStalls(t *testing.T) {
+	e := newEnv(t)
+	c := e.open()
+	c.hooks.beforePoke = func(ctx context.Context) error {
+		<-ctx.Done() // a heartbeat that never gets an answer
+		return ctx.Err()
+	}
+	start := time.Now()
+	s := e.session(c)
+	waitDone(t, s, 3*testInterval)
+	elapsed := time.Since(start)
+
+	if !errors.Is(s.Err(), ErrSessionExpired) {
+		t.Fatalf("Err() = %v, want ErrSessionExpired", s.Err())
+	}
+	if !errors.Is(context.Cause(s.Context()), ErrSessionExpired) {
+		t.Fatalf("Context cause = %v", context.Cause(s.Context()))
+	}
+	if elapsed < testInterval-50*time.Millisecond || elapsed > testInterval+500*time.Millisecond {
+		t.Errorf("session ended after %v, want about one interval (%v)", elapsed, testInterval)
+	}
+	// Local death came first: the database still counted the session
+	// alive (give or take scheduling) when it ended locally.
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1 AND deadline > now() - INTERVAL '200 milliseconds'", s.ID()); n != 1 {
+		t.Errorf("database had expired the session well before it ended locally")
+	}
+	if err := s.Transact(context.Background(), noCommit); !errors.Is(err, ErrSessionExpired) {
+		t.Fatalf("Transact after expiry = %v, want ErrSessionExpired", err)
+	}
+}
+
+// Invariant 2: errors shorter than the interval are retried and the session
+// survives them.
+func TestSessionSurvivesTransientErrors(t *testing.T) {
+	e := newEnv(t)
+	c := e.open()
+	var failing atomic.Bool
+	c.hooks.beforePoke = func(context.Context) error {
+		if failing.Load() {
+			return errors.New("injected: connection reset")
+		}
+		return nil
+	}
+	s := e.session(c)
+	initial, err := e.q.SessionGet(context.Background(), s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Right after the first heartbeat, fail heartbeats for 60% of the
+	// interval: the next one is due within it.
+	eventually(t, 2*testInterval, "the first heartbeat", func() bool {
+		row, err := e.q.SessionGet(context.Background(), s.ID())
+		return err == nil && row.Deadline.After(initial.Deadline)
+	})
+	failing.Store(true)
+	time.Sleep(testInterval * 6 / 10) // the fault's duration, not a wait for an outcome
+	failing.Store(false)
+	failures := c.Stats().HeartbeatFailures
+
+	before, _ := e.q.SessionGet(context.Background(), s.ID())
+	eventually(t, 2*testInterval, "the deadline to move after the fault", func() bool {
+		row, err := e.q.SessionGet(context.Background(), s.ID())
+		return err == nil && row.Deadline.After(before.Deadline)
+	})
+	if s.Err() != nil {
+		t.Fatalf("session ended after a fault shorter than its interval: %v", s.Err())
+	}
+	if failures == 0 {
+		t.Fatalf("no heartbeat failed during the fault: the test did not inject it")
+	}
+}
+
+// Invariant 2, the path Monogon gets wrong: a heartbeat that keeps failing is
+// retried until, and only until, one interval after the last success.
+func TestSessionGivesUpAfterIntervalOfErrors(t *testing.T) {
+	e := newEnv(t)
+	c := e.open()
+	c.hooks.beforePoke = func(context.Context) error { return errors.New("injected: database unreachable") }
+	start := time.Now()
+	s := e.session(c)
+	waitDone(t, s, 3*testInterval)
+	elapsed := time.Since(start)
+
+	if !errors.Is(s.Err(), ErrSessionExpired) {
+		t.Fatalf("Err() = %v, want ErrSessionExpired", s.Err())
+	}
+	if elapsed < testInterval-50*time.Millisecond || elapsed > testInterval+500*time.Millisecond {
+		t.Errorf("gave up after %v, want about one interval (%v)", elapsed, testInterval)
+	}
+	if n := c.Stats().HeartbeatFailures; n < 3 {
+		t.Errorf("only %d heartbeat attempts failed: errors were not retried", n)
+	}
+}
+
+// Invariant 2: a session the database has expired is never resurrected.
+func TestSessionNotResurrected(t *testing.T) {
+	e := newEnv(t)
+	s := e.session(e.open())
+	e.expireInDB(s.ID(), time.Second)
+
+	waitDone(t, s, 3*testInterval)
+	if !errors.Is(s.Err(), ErrSessionExpired) {
+		t.Fatalf("Err() = %v, want ErrSessionExpired", s.Err())
+	}
+	if e.aliveInDB(s.ID()) {
+		t.Fatal("heartbeat extended an expired session")
+	}
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1 AND deadline < now() - INTERVAL '500 milliseconds'", s.ID()); n != 1 {
+		t.Fatal("expired session's deadline moved")
+	}
+}
+
+// Close stops the goroutine, deletes the row and records open claims as
+// Canceled; it is idempotent and every later call fails with ErrSessionClosed.
+func TestSessionClose(t *testing.T) {
+	e := newEnv(t)
+	c := e.open()
+	s := e.session(c)
+	m := e.machine()
+	if _, err := s.Work(context.Background(), "install", retrieveAll(m)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Fatal("Done not closed after Close")
+	}
+	if !errors.Is(s.Err(), ErrSessionClosed) {
+		t.Errorf("Err() = %v, want ErrSessionClosed", s.Err())
+	}
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1", s.ID()); n != 0 {
+		t.Error("session row survives Close")
+	}
+	if got := e.events(m, s); !slicesEqual(got, "install:Started@1", "install:Canceled@1") {
+		t.Errorf("history = %v", got)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if err := s.Transact(context.Background(), noCommit); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("Transact after Close = %v", err)
+	}
+	if _, err := s.Work(context.Background(), "install", retrieveAll(m)); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("Work after Close = %v", err)
+	}
+}
+
+// Close after expiry succeeds and records the claims it removes as Abandoned.
+func TestSessionCloseAfterExpiry(t *testing.T) {
+	e := newEnv(t)
+	s := e.session(e.open())
+	m := e.machine()
+	if _, err := s.Work(context.Background(), "install", retrieveAll(m)); err != nil {
+		t.Fatal(err)
+	}
+	e.expireInDB(s.ID(), time.Second)
+	waitDone(t, s, 3*testInterval)
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatalf("Close after expiry: %v", err)
+	}
+	if !errors.Is(s.Err(), ErrSessionExpired) {
+		t.Errorf("Err() = %v, want ErrSessionExpired", s.Err())
+	}
+	if got := e.events(m, s); !slicesEqual(got, "install:Started@1", "install:Abandoned@1") {
+		t.Errorf("history = %v", got)
+	}
+}
+
+// Invariant 7: GC deletes sessions expired for longer than the grace
+// period, records their claims as Abandoned exactly once even when many
+// components collect at the same time, and leaves younger ones alone.
+func TestCollectGarbage(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(func(c *Config) { c.GCGracePeriod = time.Minute })
+	old, young, live := e.session(c), e.session(c), e.session(c)
+	m1, m2 := e.machine(), e.machine()
+	if _, err := old.Work(context.Background(), "install", retrieveAll(m1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := young.Work(context.Background(), "install", retrieveAll(m2)); err != nil {
+		t.Fatal(err)
+	}
+	e.expireInDB(old.ID(), time.Hour)
+	e.expireInDB(young.ID(), time.Second)
+
+	const collectors = 6
+	deleted := make(chan int64, collectors)
+	errs := make(chan error, collectors)
+	for range collectors {
+		go func() {
+			n, err := c.CollectGarbage(context.Background())
+			deleted <- n
+			errs <- err
+		}()
+	}
+	var total int64
+	for range collectors {
+		total += <-deleted
+		if err := <-errs; err != nil {
+			t.Errorf("CollectGarbage: %v", err)
+		}
+	}
+	if total != 1 {
+		t.Errorf("concurrent collectors deleted %d sessions in all, want 1", total)
+	}
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1", old.ID()); n != 0 {
+		t.Error("old expired session not deleted")
+	}
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id IN ($1, $2)", young.ID(), live.ID()); n != 2 {
+		t.Error("GC deleted a session within its grace period, or a live one")
+	}
+	if got := e.events(m1, old); !slicesEqual(got, "install:Started@1", "install:Abandoned@1") {
+		t.Errorf("history of the collected claim = %v", got)
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", m1); n != 0 {
+		t.Error("claim of the collected session survives")
+	}
+}
+
+// Invariant 7: live sessions collect garbage on their own, every GCPeriod.
+func TestSessionCollectsGarbagePeriodically(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(func(c *Config) { c.GCPeriod = 100 * time.Millisecond; c.GCGracePeriod = time.Millisecond })
+	dead := e.session(c)
+	e.session(c) // the collector
+	m := e.machine()
+	if _, err := dead.Work(context.Background(), "install", retrieveAll(m)); err != nil {
+		t.Fatal(err)
+	}
+	e.expireInDB(dead.ID(), time.Second)
+	eventually(t, 3*testInterval, "GC to delete the expired session", func() bool {
+		return e.count("SELECT count(*) FROM sessions WHERE session_id = $1", dead.ID()) == 0
+	})
+	if n := e.count("SELECT count(*) FROM work_history WHERE machine_id = $1 AND event = $2", m, model.WorkHistoryEventAbandoned); n != 1 {
+		t.Errorf("%d Abandoned rows, want 1", n)
+	}
+}

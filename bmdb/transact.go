@@ -1,0 +1,151 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/cockroachdb/cockroach-go/v2/crdb"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// Tx is one attempt of a bmdb transaction. It is valid only inside the
+// callback it was passed to, and not safe for concurrent use.
+type Tx struct {
+	tx *sql.Tx
+	q  *model.Queries
+}
+
+func newTx(tx *sql.Tx) *Tx { return &Tx{tx: tx, q: model.New(tx)} }
+
+// Queries returns bmdb's generated queries bound to the transaction.
+func (t *Tx) Queries() *model.Queries { return t.q }
+
+// DBTX returns the transaction as the interface sqlc generates for
+// database/sql, so that an application passes it to its own sqlc package's
+// New and runs its queries atomically with bmdb's. Do not commit or roll it
+// back: bmdb does.
+func (t *Tx) DBTX() model.DBTX { return t.tx }
+
+// Retry delays between whole-transaction attempts on PostgreSQL: the n-th
+// retry waits between half and all of min(txRetryBase*2^(n-1), txRetryCap).
+const (
+	txRetryBase = 2 * time.Millisecond
+	txRetryCap  = 250 * time.Millisecond
+)
+
+var serializable = &sql.TxOptions{Isolation: sql.LevelSerializable}
+
+// transact runs fn in a SERIALIZABLE transaction and commits it, retrying on
+// serialization failures (SQLSTATE 40001, 40P01) until MaxTxAttempts.
+//
+// On CockroachDB it uses crdb.ExecuteTx, which restarts the transaction in
+// place at a savepoint. On PostgreSQL that is futile (the restarted
+// transaction keeps its snapshot and fails again) and unsafe (crdb ignores a
+// 40001 raised by the final COMMIT), so there each attempt is a new
+// transaction, and a 40001 from COMMIT is retried like any other, after a
+// jittered, capped wait.
+func (c *Connection) transact(ctx context.Context, fn func(*Tx) error) error {
+	if c.closed.Load() {
+		return ErrConnectionClosed
+	}
+	if c.engine == engineCockroach {
+		return c.transactCockroach(ctx, fn)
+	}
+	return c.transactPostgres(ctx, fn)
+}
+
+func (c *Connection) transactPostgres(ctx context.Context, fn func(*Tx) error) error {
+	for attempt := 1; ; attempt++ {
+		err := c.attemptPostgres(ctx, fn)
+		if err == nil || !isRetryable(err) {
+			return err
+		}
+		c.stats.txRetries.Add(1)
+		if attempt >= c.cfg.MaxTxAttempts {
+			return &RetriesExhaustedError{Attempts: attempt, Last: err}
+		}
+		if err := sleep(ctx, retryDelay(attempt)); err != nil {
+			return fmt.Errorf("bmdb: waiting to retry transaction: %w", err)
+		}
+	}
+}
+
+// attemptPostgres runs one whole transaction: BEGIN, fn, COMMIT.
+func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) error {
+	c.stats.txAttempts.Add(1)
+	tx, err := c.db.BeginTx(ctx, serializable)
+	if err != nil {
+		return fmt.Errorf("bmdb: beginning transaction: %w", contextError(ctx, err))
+	}
+	if err := fn(newTx(tx)); err != nil {
+		_ = tx.Rollback() // the error that matters is fn's
+		return contextError(ctx, err)
+	}
+	if err := tx.Commit(); err != nil {
+		if isRetryable(err) {
+			c.stats.txCommitRetries.Add(1)
+		}
+		return fmt.Errorf("bmdb: committing transaction: %w", contextError(ctx, err))
+	}
+	return nil
+}
+
+func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) error {
+	attempts := 0
+	// crdb counts retries, not attempts.
+	err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts-1), c.db, serializable,
+		func(tx *sql.Tx) error {
+			attempts++
+			c.stats.txAttempts.Add(1)
+			if attempts > 1 {
+				c.stats.txRetries.Add(1)
+			}
+			return fn(newTx(tx))
+		})
+	var maxRetries *crdb.MaxRetriesExceededError
+	if errors.As(err, &maxRetries) {
+		return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
+	}
+	return contextError(ctx, err)
+}
+
+// retryDelay returns the jittered wait before retry number attempt (from 1).
+func retryDelay(attempt int) time.Duration {
+	d := txRetryCap
+	if attempt < 16 {
+		d = min(txRetryBase<<(attempt-1), txRetryCap)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits for d or until ctx is done, whichever comes first, and then
+// returns ctx's error, if any.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+}
+
+// contextError adds ctx's cause to err when ctx is done, so that a query
+// aborted by cancellation (lib/pq reports "canceling statement") reads and
+// matches (errors.Is) as what it is.
+func contextError(ctx context.Context, err error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	cause := context.Cause(ctx)
+	if errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", cause, err)
+}

@@ -1,0 +1,236 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// Work is a claim of one machine for one process by a session: the
+// (machine, process) row of the work table, which no other session can hold
+// at the same time.
+//
+// A Work must end with exactly one successful Finish, Cancel or Fail; after
+// that, and after one of them has returned ErrWorkLost or ErrSessionExpired
+// (the claim is gone either way), every one of them returns ErrWorkDone. A
+// call that fails otherwise (ctx done, retries exhausted, an error from
+// commit) changes nothing and leaves the Work open, so the caller may retry
+// it or end the Work another way. If the session ends first, its claims end
+// with it (Close records them Canceled, expiry Abandoned).
+//
+// Work methods serialise themselves, but a Work is meant to be used by one
+// goroutine.
+type Work struct {
+	s       *Session
+	machine uuid.UUID
+	process string
+
+	mu    sync.Mutex
+	ended bool
+}
+
+// Machine returns the id of the claimed machine.
+func (w *Work) Machine() uuid.UUID { return w.machine }
+
+// Process returns the process the machine is claimed for.
+func (w *Work) Process() string { return w.process }
+
+// Session returns the session holding the claim.
+func (w *Work) Session() *Session { return w.s }
+
+// Work claims a machine for process. In one transaction (see Transact) it
+// runs retrieve, which returns candidate machine ids in order of preference,
+// and claims the first candidate that is neither in backoff for process nor
+// claimed for it by a live session, recording a Started history row. A claim
+// left by an expired session does not block: it is removed, recorded as
+// Abandoned, and taken over in the same transaction.
+//
+// retrieve should read only; it may run several times (see Transact). It
+// usually selects machines whose tags say they need the process and that
+// have no work row for it, with a LIMIT; it need not exclude backoff, which
+// Work enforces whatever retrieve returns.
+//
+// Work returns ErrNothingToDo when retrieve returns no candidate or only
+// candidates in backoff, ErrWorkConflict when the remaining candidates are
+// all claimed by live sessions, ErrUnknownMachine for a candidate that is not
+// in the machines table, an error wrapping ErrInvalidArgument for a bad
+// process name or a nil retrieve, and the errors of Transact.
+func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
+	if err := validateProcess(process); err != nil {
+		return nil, err
+	}
+	if retrieve == nil {
+		return nil, invalidArgument("Work: retrieve is nil")
+	}
+	var machine uuid.UUID
+	err := s.transact(ctx, func(tx *Tx) error {
+		candidates, err := retrieve(tx)
+		if err != nil {
+			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
+		}
+		machine, err = s.claimFirst(ctx, tx, process, candidates)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Work{s: s, machine: machine, process: process}, nil
+}
+
+// claimFirst claims the first claimable candidate inside tx.
+func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, error) {
+	conflict := false
+	for _, machine := range candidates {
+		key := model.WorkClaimStateParams{MachineID: machine, Process: process}
+		state, err := tx.q.WorkClaimState(ctx, key)
+		if err != nil {
+			return uuid.Nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
+		}
+		switch {
+		case !state.MachineExists:
+			return uuid.Nil, fmt.Errorf("%w: retrieve returned %s for %q", ErrUnknownMachine, machine, process)
+		case state.InBackoff:
+			continue
+		case state.ClaimedLive:
+			conflict = true
+			continue
+		case state.Claimed:
+			if err := s.takeOver(ctx, tx, machine, process); err != nil {
+				return uuid.Nil, err
+			}
+		}
+		if err := s.start(ctx, tx, machine, process); err != nil {
+			return uuid.Nil, err
+		}
+		return machine, nil
+	}
+	if conflict {
+		return uuid.Nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+	}
+	return uuid.Nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+}
+
+// takeOver removes the claim of an expired session, recording Abandoned.
+func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
+	_, err := tx.q.WorkAbandonExpired(ctx, model.WorkAbandonExpiredParams{MachineID: machine, Process: process})
+	if err != nil {
+		return fmt.Errorf("bmdb: Work(%q): taking over %s: %w", process, machine, err)
+	}
+	return nil
+}
+
+// start inserts the claim and its Started history row.
+func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
+	_, err := tx.q.WorkStart(ctx, model.WorkStartParams{MachineID: machine, Process: process, SessionID: s.id})
+	switch sqlState(err) {
+	case "":
+	case codeUniqueViolation:
+		return fmt.Errorf("%w (process %q, machine %s): %w", ErrWorkConflict, process, machine, err)
+	case codeForeignKeyViolation:
+		return fmt.Errorf("%w: %s (process %q): %w", ErrUnknownMachine, machine, process, err)
+	}
+	if err != nil {
+		return fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
+	}
+	return nil
+}
+
+// Finish ends the Work successfully: in one transaction it deletes the
+// claim (only if this session still holds it), records Finished, clears any
+// backoff of (machine, process), and runs commit, which applies the result of
+// the work, e.g. sets the application's tag for the machine. If the claim is
+// gone (taken over after expiry, or removed with the session) Finish returns
+// ErrWorkLost, or ErrSessionExpired, and commit does not take effect.
+//
+// commit may run several times (see Transact) and must not be nil. An error
+// from commit rolls everything back and leaves the Work open.
+func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
+	if commit == nil {
+		return invalidArgument("Finish: commit is nil")
+	}
+	return w.end(ctx, "Finish", func(tx *Tx) error {
+		if err := w.endClaim(ctx, tx, model.WorkHistoryEventFinished, ""); err != nil {
+			return err
+		}
+		key := model.WorkBackoffDeleteParams{MachineID: w.machine, Process: w.process}
+		if _, err := tx.q.WorkBackoffDelete(ctx, key); err != nil {
+			return fmt.Errorf("bmdb: Finish: clearing backoff: %w", err)
+		}
+		return commit(tx)
+	})
+}
+
+// Cancel ends the Work without a result and without backoff: it deletes the
+// claim (only if this session still holds it) and records Canceled, so that
+// the machine can be claimed again at once. Use it when the work was
+// interrupted, e.g. on shutdown. It returns ErrWorkLost or ErrSessionExpired
+// if the claim was already gone.
+func (w *Work) Cancel(ctx context.Context) error {
+	return w.end(ctx, "Cancel", func(tx *Tx) error {
+		return w.endClaim(ctx, tx, model.WorkHistoryEventCanceled, "")
+	})
+}
+
+// Fail ends the Work unsuccessfully: it deletes the claim (only if this
+// session still holds it), records Failed with cause, and, if backoff is not
+// nil, keeps (machine, process) from being claimed again for an interval
+// grown from the previous one (see Backoff). cause is truncated to
+// MaxCauseLength bytes. It returns an error wrapping ErrInvalidArgument for
+// an invalid backoff, and ErrWorkLost or ErrSessionExpired if the claim was
+// already gone.
+func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
+	if backoff != nil {
+		if err := backoff.validate(); err != nil {
+			return err
+		}
+	}
+	cause = truncateCause(cause)
+	return w.end(ctx, "Fail", func(tx *Tx) error {
+		if err := w.endClaim(ctx, tx, model.WorkHistoryEventFailed, cause); err != nil {
+			return err
+		}
+		if backoff == nil {
+			return nil
+		}
+		return backoff.apply(ctx, tx, w.machine, w.process, cause)
+	})
+}
+
+// end runs one of Finish, Cancel and Fail at most once successfully.
+func (w *Work) end(ctx context.Context, op string, fn func(tx *Tx) error) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return fmt.Errorf("bmdb: %s of %q on %s: %w", op, w.process, w.machine, ErrWorkDone)
+	}
+	err := w.s.transact(ctx, fn)
+	if err == nil || errors.Is(err, ErrWorkLost) || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed) {
+		w.ended = true
+	}
+	return err
+}
+
+// endClaim deletes the claim if this session holds it and records event.
+// This is the fence: a session that lost its claim commits nothing.
+func (w *Work) endClaim(ctx context.Context, tx *Tx, event model.WorkHistoryEvent, cause string) error {
+	rows, err := tx.q.WorkEnd(ctx, model.WorkEndParams{
+		Event:       event,
+		FailedCause: sql.NullString{String: cause, Valid: cause != ""},
+		MachineID:   w.machine,
+		Process:     w.process,
+		SessionID:   w.s.id,
+	})
+	if err != nil {
+		return fmt.Errorf("bmdb: ending %q on %s: %w", w.process, w.machine, err)
+	}
+	if rows == 0 {
+		return fmt.Errorf("%w: %q on %s is no longer held by session %s", ErrWorkLost, w.process, w.machine, w.s.id)
+	}
+	return nil
+}

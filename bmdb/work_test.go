@@ -1,0 +1,296 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// tagged reports whether Finish's commit for m took effect.
+func (e *env) tagged(m uuid.UUID) bool {
+	e.t.Helper()
+	return e.count("SELECT count(*) FROM tag WHERE machine_id = $1", m) == 1
+}
+
+// tagCommit is a Finish commit that tags the machine, the application's
+// record that the work is done.
+func tagCommit(m uuid.UUID) func(*Tx) error {
+	return func(tx *Tx) error {
+		_, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO tag VALUES ($1)", m)
+		return err
+	}
+}
+
+func newWorkEnv(t *testing.T) *env {
+	e := newEnv(t)
+	e.exec("CREATE TABLE tag (machine_id UUID PRIMARY KEY REFERENCES machines ON DELETE CASCADE)")
+	return e
+}
+
+// Invariant 4 and 5: Work claims, Finish commits the application's result
+// with the claim's removal, and history records both.
+func TestWorkClaimAndFinish(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	m := e.machine()
+
+	w, err := s.Work(context.Background(), "install", retrieveIdle("install"))
+	if err != nil {
+		t.Fatalf("Work: %v", err)
+	}
+	if w.Machine() != m || w.Process() != "install" || w.Session() != s {
+		t.Fatalf("claimed %s/%s", w.Machine(), w.Process())
+	}
+	row, err := e.q.WorkGet(context.Background(), model.WorkGetParams{MachineID: m, Process: "install"})
+	if err != nil || row.SessionID != s.ID() {
+		t.Fatalf("work row = %+v, %v", row, err)
+	}
+	// A claimed machine is not idle any more for that process, but is for
+	// another one.
+	if _, err := s.Work(context.Background(), "install", retrieveIdle("install")); !errors.Is(err, ErrNothingToDo) {
+		t.Errorf("second Work = %v, want ErrNothingToDo", err)
+	}
+	other, err := s.Work(context.Background(), "inventory", retrieveIdle("inventory"))
+	if err != nil || other.Machine() != m {
+		t.Fatalf("Work of another process: %v", err)
+	}
+	if err := w.Finish(context.Background(), tagCommit(m)); err != nil {
+		t.Fatalf("Finish: %v", err)
+	}
+	if !e.tagged(m) {
+		t.Error("Finish's commit did not apply")
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1 AND process = 'install'", m); n != 0 {
+		t.Error("claim survives Finish")
+	}
+	if got := e.events(m, s); !slicesEqual(got, "install:Started@1", "inventory:Started@1", "install:Finished@1") {
+		t.Errorf("history = %v", got)
+	}
+}
+
+// Invariant 4: two live sessions cannot hold the same (machine, process).
+func TestWorkConflictBetweenLiveSessions(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	s1, s2 := e.session(c), e.session(c)
+	m := e.machine()
+	if _, err := s1.Work(context.Background(), "install", retrieveAll(m)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s2.Work(context.Background(), "install", retrieveAll(m))
+	if !errors.Is(err, ErrWorkConflict) {
+		t.Fatalf("Work on a machine held by a live session = %v, want ErrWorkConflict", err)
+	}
+	if got := e.events(m, s1, s2); !slicesEqual(got, "install:Started@1") {
+		t.Errorf("history = %v", got)
+	}
+	// Candidates are tried in order: a held one is skipped.
+	m2 := e.machine()
+	w, err := s2.Work(context.Background(), "install", retrieveAll(m, m2))
+	if err != nil || w.Machine() != m2 {
+		t.Fatalf("Work(m held, m2 free) = %v, %v", w, err)
+	}
+}
+
+// Invariant 4: many sessions racing for few machines never both win one,
+// and the losers get ErrWorkConflict or retry into ErrNothingToDo.
+func TestWorkRaceClaimsEachMachineOnce(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	const machines, workers = 5, 8
+	for range machines {
+		e.machine()
+	}
+	type result struct {
+		w   *Work
+		err error
+	}
+	results := make(chan result, workers)
+	for range workers {
+		s := e.session(c)
+		go func() {
+			w, err := s.Work(context.Background(), "install", retrieveIdle("install"))
+			results <- result{w, err}
+		}()
+	}
+	won := map[uuid.UUID]int{}
+	for range workers {
+		r := <-results
+		switch {
+		case r.err == nil:
+			won[r.w.Machine()]++
+		case errors.Is(r.err, ErrWorkConflict), errors.Is(r.err, ErrNothingToDo):
+		default:
+			t.Errorf("Work: %v", r.err)
+		}
+	}
+	for m, n := range won {
+		if n != 1 {
+			t.Errorf("machine %s claimed %d times", m, n)
+		}
+	}
+	if n := e.count("SELECT count(*) FROM work"); n != len(won) {
+		t.Errorf("%d work rows, %d claims reported", n, len(won))
+	}
+	if len(won) == 0 {
+		t.Error("nobody won a claim")
+	}
+}
+
+// Invariant 4: a claim held by an expired session is taken over in the same
+// transaction and recorded as Abandoned; invariant 5: the old holder's
+// Finish then fails and its commit does not apply.
+func TestWorkTakeOverFromExpiredSession(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	s1, s2 := e.session(c), e.session(c)
+	m := e.machine()
+	w1, err := s1.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.expireInDB(s1.ID(), time.Millisecond)
+
+	w2, err := s2.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatalf("Work on a machine held by an expired session: %v", err)
+	}
+	if got := e.events(m, s1, s2); !slicesEqual(got, "install:Started@1", "install:Abandoned@1", "install:Started@2") {
+		t.Errorf("history = %v", got)
+	}
+	err = w1.Finish(context.Background(), tagCommit(m))
+	if !errors.Is(err, ErrSessionExpired) {
+		t.Fatalf("stale Finish = %v, want ErrSessionExpired", err)
+	}
+	if e.tagged(m) {
+		t.Fatal("stale Finish's commit applied")
+	}
+	if err := w1.Cancel(context.Background()); !errors.Is(err, ErrWorkDone) {
+		t.Errorf("Cancel after a failed Finish = %v, want ErrWorkDone", err)
+	}
+	if err := w2.Finish(context.Background(), tagCommit(m)); err != nil {
+		t.Fatalf("new holder's Finish: %v", err)
+	}
+	if !e.tagged(m) {
+		t.Fatal("new holder's commit did not apply")
+	}
+}
+
+// Invariant 5: the fence. A session that is alive but no longer holds its
+// claim (here an operator removed it) cannot Finish, Cancel or Fail it.
+func TestWorkLostClaimIsFenced(t *testing.T) {
+	for _, end := range []struct {
+		name string
+		end  func(*Work) error
+	}{
+		{"Finish", func(w *Work) error { return w.Finish(context.Background(), tagCommit(w.Machine())) }},
+		{"Cancel", func(w *Work) error { return w.Cancel(context.Background()) }},
+		{"Fail", func(w *Work) error { return w.Fail(context.Background(), &testBackoff, "broken") }},
+	} {
+		t.Run(end.name, func(t *testing.T) {
+			e := newWorkEnv(t)
+			s := e.session(e.open())
+			m := e.machine()
+			w, err := s.Work(context.Background(), "install", retrieveAll(m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.exec("DELETE FROM work WHERE machine_id = $1", m)
+			if err := end.end(w); !errors.Is(err, ErrWorkLost) {
+				t.Fatalf("%s of a lost claim = %v, want ErrWorkLost", end.name, err)
+			}
+			if e.tagged(m) || e.count("SELECT count(*) FROM work_backoff") != 0 {
+				t.Fatal("a lost claim's end took effect")
+			}
+			if got := e.events(m, s); !slicesEqual(got, "install:Started@1") {
+				t.Errorf("history = %v", got)
+			}
+			if s.Err() != nil {
+				t.Errorf("session ended: %v", s.Err())
+			}
+		})
+	}
+}
+
+// A Work ends exactly once: after one successful Finish, Cancel or Fail,
+// every one of them returns ErrWorkDone and history has one end event.
+func TestWorkEndsExactlyOnce(t *testing.T) {
+	ends := map[string]func(*Work) error{
+		"Finish": func(w *Work) error { return w.Finish(context.Background(), noCommit) },
+		"Cancel": func(w *Work) error { return w.Cancel(context.Background()) },
+		"Fail":   func(w *Work) error { return w.Fail(context.Background(), nil, "broken") },
+	}
+	event := map[string]string{"Finish": "Finished", "Cancel": "Canceled", "Fail": "Failed"}
+	for first, end := range ends {
+		t.Run(first, func(t *testing.T) {
+			e := newWorkEnv(t)
+			s := e.session(e.open())
+			m := e.machine()
+			w, err := s.Work(context.Background(), "install", retrieveAll(m))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := end(w); err != nil {
+				t.Fatalf("%s: %v", first, err)
+			}
+			for second, again := range ends {
+				if err := again(w); !errors.Is(err, ErrWorkDone) {
+					t.Errorf("%s after %s = %v, want ErrWorkDone", second, first, err)
+				}
+			}
+			if got := e.events(m, s); !slicesEqual(got, "install:Started@1", "install:"+event[first]+"@1") {
+				t.Errorf("history = %v", got)
+			}
+		})
+	}
+}
+
+// A failing commit rolls Finish back and leaves the Work open.
+func TestFinishCommitErrorLeavesWorkOpen(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	m := e.machine()
+	w, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	if err := w.Finish(context.Background(), func(*Tx) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("Finish = %v, want boom", err)
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", m); n != 1 {
+		t.Fatal("claim removed by a rolled-back Finish")
+	}
+	if err := w.Fail(context.Background(), nil, "commit failed"); err != nil {
+		t.Fatalf("Fail after failed Finish: %v", err)
+	}
+	rows, _ := e.q.WorkHistoryForMachine(context.Background(), m)
+	if len(rows) != 2 || rows[1].Event != model.WorkHistoryEventFailed || rows[1].FailedCause.String != "commit failed" {
+		t.Errorf("history = %+v", rows)
+	}
+}
+
+// Work's errors: nothing to do, unknown machine.
+func TestWorkRetrievalOutcomes(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	if _, err := s.Work(context.Background(), "install", retrieveAll()); !errors.Is(err, ErrNothingToDo) {
+		t.Errorf("Work with no candidates = %v, want ErrNothingToDo", err)
+	}
+	if _, err := s.Work(context.Background(), "install", retrieveAll(uuid.New())); !errors.Is(err, ErrUnknownMachine) {
+		t.Errorf("Work on an unknown machine = %v, want ErrUnknownMachine", err)
+	}
+	boom := errors.New("query failed")
+	_, err := s.Work(context.Background(), "install", func(*Tx) ([]uuid.UUID, error) { return nil, boom })
+	if !errors.Is(err, boom) {
+		t.Errorf("Work with failing retrieve = %v, want it wrapped", err)
+	}
+	if n := e.count("SELECT count(*) FROM work_history"); n != 0 {
+		t.Errorf("%d history rows from failed claims", n)
+	}
+}

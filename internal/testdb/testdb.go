@@ -1,0 +1,181 @@
+// Package testdb gives each test a fresh database on the server that
+// BMDB_TEST_DSN names (scripts/with-pg starts a throwaway one; make test does
+// that for you). On PostgreSQL new databases are cloned from a template
+// migrated once per test binary; on CockroachDB each is created and migrated.
+package testdb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lib/pq"
+	"go.uber.org/goleak"
+)
+
+// EnvDSN names the environment variable holding the DSN of the server tests
+// create their databases on. The DSN's user must be allowed to create
+// databases.
+const EnvDSN = "BMDB_TEST_DSN"
+
+var (
+	setup     func(ctx context.Context, dsn string) error
+	admin     *sql.DB
+	cockroach bool
+	template  string
+	initOnce  sync.Once
+	initErr   error
+	counter   atomic.Int64
+)
+
+// Main runs the tests of a package. setup migrates a new database to the
+// schema tests expect; New calls it once for the template. After the tests it
+// drops the template and fails the run if goroutines leaked.
+func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
+	setup = migrate
+	code := m.Run()
+	cleanUp()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1")); err != nil {
+			fmt.Fprintf(os.Stderr, "testdb: goroutines leaked: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// DSN returns the server DSN from BMDB_TEST_DSN, or fails t.
+func DSN(t testing.TB) string {
+	t.Helper()
+	dsn := os.Getenv(EnvDSN)
+	if dsn == "" {
+		t.Fatalf("%s is not set: run the tests with `make test`, or point %s at a PostgreSQL or CockroachDB server", EnvDSN, EnvDSN)
+	}
+	return dsn
+}
+
+// New returns the DSN of a new database with the current schema, dropped
+// when t ends.
+func New(t testing.TB) string {
+	t.Helper()
+	if setup == nil {
+		t.Fatal("testdb: call testdb.Main from TestMain first")
+	}
+	connect(t)
+	name := fmt.Sprintf("bmdb_t%d_%d", os.Getpid(), counter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if cockroach {
+		create(t, ctx, name, "")
+		if err := setup(ctx, WithDatabase(DSN(t), name)); err != nil {
+			t.Fatalf("testdb: migrating %s: %v", name, err)
+		}
+	} else {
+		create(t, ctx, name, template)
+	}
+	return WithDatabase(DSN(t), name)
+}
+
+// NewEmpty returns the DSN of a new database without any schema, dropped
+// when t ends.
+func NewEmpty(t testing.TB) string {
+	t.Helper()
+	connect(t)
+	name := fmt.Sprintf("bmdb_e%d_%d", os.Getpid(), counter.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	create(t, ctx, name, "")
+	return WithDatabase(DSN(t), name)
+}
+
+// WithDatabase returns dsn (URL or key=value form) pointing at database name.
+func WithDatabase(dsn, name string) string {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err == nil {
+			u.Path = "/" + name
+			return u.String()
+		}
+	}
+	return dsn + " dbname=" + name
+}
+
+func create(t testing.TB, ctx context.Context, name, from string) {
+	t.Helper()
+	stmt := "CREATE DATABASE " + pq.QuoteIdentifier(name)
+	if from != "" {
+		stmt += " TEMPLATE " + pq.QuoteIdentifier(from)
+	}
+	if _, err := admin.ExecContext(ctx, stmt); err != nil {
+		t.Fatalf("testdb: %s: %v", stmt, err)
+	}
+	t.Cleanup(func() { drop(name) })
+}
+
+func drop(name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	stmt := "DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)"
+	if cockroach {
+		stmt = "DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " CASCADE"
+	}
+	if _, err := admin.ExecContext(ctx, stmt); err != nil {
+		fmt.Fprintf(os.Stderr, "testdb: %s: %v\n", stmt, err)
+	}
+}
+
+// connect connects to the server once per test binary, or fails t.
+func connect(t testing.TB) {
+	t.Helper()
+	dsn := DSN(t)
+	initOnce.Do(func() { initErr = initServer(dsn) })
+	if initErr != nil {
+		t.Fatalf("testdb: %v", initErr)
+	}
+}
+
+// initServer connects to the server and, on PostgreSQL, builds the template.
+func initServer(dsn string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return err
+	}
+	var version string
+	if err := db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
+		db.Close()
+		return fmt.Errorf("connecting to %s: %w", EnvDSN, err)
+	}
+	admin = db
+	cockroach = strings.Contains(version, "CockroachDB")
+	if cockroach {
+		return nil
+	}
+	name := fmt.Sprintf("bmdb_tmpl%d_%d", os.Getpid(), time.Now().UnixNano()%1e6)
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name)); err != nil {
+		return err
+	}
+	template = name
+	if err := setup(ctx, WithDatabase(dsn, name)); err != nil {
+		return fmt.Errorf("migrating template: %w", err)
+	}
+	return nil
+}
+
+func cleanUp() {
+	if admin == nil {
+		return
+	}
+	if template != "" {
+		drop(template)
+	}
+	admin.Close()
+}

@@ -1,0 +1,105 @@
+-- name: WorkClaimState :one
+-- WorkClaimState tells whether (machine, process) may be claimed: whether the
+-- machine exists, whether it is in backoff, and whether a claim exists and is
+-- held by a live session.
+SELECT
+    EXISTS (
+        SELECT 1 FROM machines m WHERE m.machine_id = sqlc.arg(machine_id)
+    ) AS machine_exists,
+    EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = sqlc.arg(machine_id) AND b.process = sqlc.arg(process)
+          AND b.until > now()
+    ) AS in_backoff,
+    EXISTS (
+        SELECT 1 FROM work w
+        WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
+    ) AS claimed,
+    EXISTS (
+        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
+          AND s.deadline > now()
+    ) AS claimed_live;
+
+-- name: WorkStart :execrows
+-- WorkStart inserts the claim of (machine, process) for a session together
+-- with its Started history row. A live claim makes it fail with a unique
+-- violation.
+WITH claim AS (
+    INSERT INTO work (machine_id, process, session_id)
+    VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id))
+    RETURNING machine_id, process, session_id, started_at
+)
+INSERT INTO work_history (machine_id, process, session_id, event, at)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at
+FROM claim;
+
+-- name: WorkAbandonExpired :execrows
+-- WorkAbandonExpired removes the claim of (machine, process) if its session
+-- has expired, recording Abandoned history for it. It affects no row when
+-- there is no claim or its holder is alive.
+WITH gone AS (
+    DELETE FROM work
+    WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
+      AND NOT EXISTS (
+          SELECT 1 FROM sessions s
+          WHERE s.session_id = work.session_id AND s.deadline > now()
+      )
+    RETURNING work.machine_id, work.process, work.session_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned'
+FROM gone;
+
+-- name: WorkEnd :execrows
+-- WorkEnd removes the claim of (machine, process) only if the given session
+-- holds it, recording the given event and cause. It affects no row when the
+-- claim is gone or was taken over: that is the fence that keeps a stale
+-- worker's Finish, Cancel or Fail from taking effect.
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
+      AND work.session_id = sqlc.arg(session_id)
+    RETURNING work.machine_id, work.process, work.session_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause)
+SELECT ended.machine_id, ended.process, ended.session_id,
+       sqlc.arg(event)::work_history_event, sqlc.narg(failed_cause)::TEXT
+FROM ended;
+
+-- name: WorkEndSession :execrows
+-- WorkEndSession removes every claim of a session, recording the given event
+-- (Canceled when the session closes cleanly, Abandoned when it had expired).
+WITH ended AS (
+    DELETE FROM work WHERE work.session_id = sqlc.arg(session_id)
+    RETURNING work.machine_id, work.process, work.session_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event)
+SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event
+FROM ended;
+
+-- name: WorkAbandonOfExpiredSessions :execrows
+-- WorkAbandonOfExpiredSessions removes the claims of every session whose
+-- deadline passed more than grace_seconds ago, recording Abandoned history.
+-- GC runs it right before SessionDeleteExpired, in the same transaction.
+WITH gone AS (
+    DELETE FROM work
+    WHERE work.session_id IN (
+        SELECT s.session_id FROM sessions s
+        WHERE s.deadline < now() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second'
+    )
+    RETURNING work.machine_id, work.process, work.session_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned'
+FROM gone;
+
+-- name: WorkGet :one
+-- WorkGet returns the claim of (machine, process), live or not.
+SELECT * FROM work
+WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
+
+-- name: WorkListBySession :many
+-- WorkListBySession returns a session's claims, oldest first.
+SELECT * FROM work WHERE session_id = sqlc.arg(session_id)
+ORDER BY started_at, machine_id, process;
