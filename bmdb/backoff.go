@@ -34,8 +34,9 @@ type Backoff struct {
 	Jitter float64
 }
 
-// validate names the first invalid field of b.
-func (b Backoff) validate() error {
+// Validate returns an error wrapping ErrInvalidArgument that names the
+// first invalid field of b, or nil.
+func (b Backoff) Validate() error {
 	switch {
 	case b.Initial <= 0:
 		return invalidArgument("Backoff.Initial is %v, must be positive", b.Initial)

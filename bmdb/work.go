@@ -186,7 +186,7 @@ func (w *Work) Cancel(ctx context.Context) error {
 // already gone.
 func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 	if backoff != nil {
-		if err := backoff.validate(); err != nil {
+		if err := backoff.Validate(); err != nil {
 			return err
 		}
 	}

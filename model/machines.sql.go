@@ -23,6 +23,20 @@ func (q *Queries) MachineCreate(ctx context.Context) (uuid.UUID, error) {
 	return machine_id, err
 }
 
+const machineCreateMany = `-- name: MachineCreateMany :execrows
+INSERT INTO machines (machine_id)
+SELECT gen_random_uuid() FROM generate_series(1, $1::INT8)
+`
+
+// MachineCreateMany inserts count new machines.
+func (q *Queries) MachineCreateMany(ctx context.Context, count int64) (int64, error) {
+	result, err := q.db.ExecContext(ctx, machineCreateMany, count)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
+}
+
 const machineGet = `-- name: MachineGet :one
 SELECT machine_id, machine_created_at FROM machines WHERE machine_id = $1
 `

@@ -63,6 +63,24 @@ type Machine struct {
 	MachineCreatedAt time.Time
 }
 
+type MachineAgentStarted struct {
+	MachineID    uuid.UUID
+	AgentVersion string
+	StartedAt    time.Time
+}
+
+type MachineOsInstalled struct {
+	MachineID   uuid.UUID
+	OsImage     string
+	InstalledAt time.Time
+}
+
+type MachineProvided struct {
+	MachineID  uuid.UUID
+	Provider   string
+	ProvidedAt time.Time
+}
+
 type Session struct {
 	SessionID       uuid.UUID
 	ComponentName   string

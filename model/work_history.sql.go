@@ -93,3 +93,39 @@ func (q *Queries) WorkHistoryForProcessSince(ctx context.Context, arg WorkHistor
 	}
 	return items, nil
 }
+
+const workHistorySummary = `-- name: WorkHistorySummary :many
+SELECT process, event, count(*) AS events FROM work_history
+GROUP BY process, event
+ORDER BY process, event
+`
+
+type WorkHistorySummaryRow struct {
+	Process string
+	Event   WorkHistoryEvent
+	Events  int64
+}
+
+// WorkHistorySummary counts history events per process and event.
+func (q *Queries) WorkHistorySummary(ctx context.Context) ([]WorkHistorySummaryRow, error) {
+	rows, err := q.db.QueryContext(ctx, workHistorySummary)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkHistorySummaryRow{}
+	for rows.Next() {
+		var i WorkHistorySummaryRow
+		if err := rows.Scan(&i.Process, &i.Event, &i.Events); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

@@ -23,3 +23,8 @@ WHERE NOT EXISTS (
     )
 ORDER BY m.machine_created_at, m.machine_id
 LIMIT sqlc.arg(row_limit);
+
+-- name: MachineCreateMany :execrows
+-- MachineCreateMany inserts count new machines.
+INSERT INTO machines (machine_id)
+SELECT gen_random_uuid() FROM generate_series(1, sqlc.arg(count)::INT8);

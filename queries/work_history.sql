@@ -10,3 +10,9 @@ ORDER BY at, id;
 SELECT * FROM work_history
 WHERE process = sqlc.arg(process) AND at >= sqlc.arg(since)
 ORDER BY at, id;
+
+-- name: WorkHistorySummary :many
+-- WorkHistorySummary counts history events per process and event.
+SELECT process, event, count(*) AS events FROM work_history
+GROUP BY process, event
+ORDER BY process, event;

@@ -1,0 +1,58 @@
+# bmdb's build. Every target works on a fresh Debian machine with Go: the
+# tools are installed at pinned versions into .bin/, and PostgreSQL is
+# installed from apt and started on a free local port when no DSN is given.
+
+SQLC_VERSION        := v1.31.1
+STATICCHECK_VERSION := v0.8.2
+BIN                 := $(CURDIR)/.bin
+SQLC                := $(BIN)/sqlc-$(SQLC_VERSION)
+STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
+
+# The test command of README.md and .ci/run. BMDB_TEST_DSN, when set, names
+# the server to test against (PostgreSQL or CockroachDB) instead.
+GO_TEST := go test -race -count=1 -timeout 20m ./...
+
+.PHONY: all demo test generate verify lint check bench clean
+
+all: check
+
+## demo: run the example worker fleet against a throwaway local PostgreSQL
+## (or the database in BMDB_DSN).
+demo:
+	scripts/with-pg BMDB_DSN go run ./cmd/worker-example
+
+## test: run every test with the race detector against a throwaway
+## PostgreSQL (or the server in BMDB_TEST_DSN).
+test:
+	scripts/with-pg BMDB_TEST_DSN $(GO_TEST)
+
+## generate: regenerate model/ from migrations/ and queries/ with sqlc.
+generate: $(SQLC)
+	$(SQLC) generate
+
+## verify: fail if the committed model/ differs from what sqlc generates.
+verify: $(SQLC)
+	$(SQLC) diff
+	@echo "model/ is up to date"
+
+## lint: gofmt, go vet and staticcheck.
+lint: $(STATICCHECK)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+	go vet ./...
+	$(STATICCHECK) ./...
+
+## check: everything CI checks.
+check: verify lint test
+
+$(SQLC):
+	mkdir -p $(BIN)/sqlc.tmp
+	GOBIN=$(BIN)/sqlc.tmp go install github.com/sqlc-dev/sqlc/cmd/sqlc@$(SQLC_VERSION)
+	mv $(BIN)/sqlc.tmp/sqlc $@ && rmdir $(BIN)/sqlc.tmp
+
+$(STATICCHECK):
+	mkdir -p $(BIN)/staticcheck.tmp
+	GOBIN=$(BIN)/staticcheck.tmp go install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
+	mv $(BIN)/staticcheck.tmp/staticcheck $@ && rmdir $(BIN)/staticcheck.tmp
+
+clean:
+	rm -rf $(BIN)

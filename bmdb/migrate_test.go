@@ -1,0 +1,141 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"testing"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// openRaw opens a plain pool on dsn, closed at cleanup.
+func openRaw(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func tables(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	var n int
+	err := db.QueryRow(`SELECT count(*) FROM information_schema.tables
+		WHERE table_schema = current_schema() AND table_name IN ('machines', 'sessions', 'work', 'work_history', 'work_backoff')`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Migrations go up, down and up again on an empty database, and Open
+// migrates an empty database by default.
+func TestMigrateUpDownUp(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewEmpty(t)
+	db := openRaw(t, dsn)
+	ctx := context.Background()
+
+	mg, err := newMigrator(ctx, db, dsn, enginePostgres)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mg.close()
+	for i, step := range []struct {
+		run    func() error
+		tables int
+	}{{mg.up, 5}, {mg.down, 0}, {mg.up, 5}, {mg.up, 5}} {
+		if err := step.run(); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+		if n := tables(t, db); n != step.tables {
+			t.Fatalf("step %d: %d tables, want %d", i, n, step.tables)
+		}
+	}
+	v, dirty, err := mg.version()
+	if err != nil || dirty || v != mg.latest || v == 0 {
+		t.Fatalf("version = %d dirty=%v err=%v, latest %d", v, dirty, err, mg.latest)
+	}
+}
+
+func TestOpenMigratesEmptyDatabase(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewEmpty(t)
+	c, err := Open(context.Background(), Config{DSN: dsn, ComponentName: "test"})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	c.Close()
+	if n := tables(t, openRaw(t, dsn)); n != 5 {
+		t.Fatalf("%d tables after Open, want 5", n)
+	}
+}
+
+// A schema newer than the binary, a dirty one, and (with migrations off) an
+// old one are refused with a *SchemaVersionError naming the versions.
+func TestOpenRefusesIncompatibleSchema(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		setup string // run against a fully migrated database
+		skip  bool
+		want  error
+	}{
+		{"too new", "UPDATE schema_migrations SET version = 999", false, ErrSchemaTooNew},
+		{"too new, migrations off", "UPDATE schema_migrations SET version = 999", true, ErrSchemaTooNew},
+		{"dirty", "UPDATE schema_migrations SET dirty = true", false, ErrSchemaDirty},
+		{"dirty, migrations off", "UPDATE schema_migrations SET dirty = true", true, ErrSchemaDirty},
+		{"too old, migrations off", "DELETE FROM schema_migrations", true, ErrSchemaTooOld},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := testdb.New(t)
+			if _, err := openRaw(t, dsn).Exec(tc.setup); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Open(context.Background(), Config{DSN: dsn, ComponentName: "test", SkipMigrations: tc.skip})
+			var verr *SchemaVersionError
+			if !errors.Is(err, tc.want) || !errors.As(err, &verr) {
+				t.Fatalf("Open = %v, want %v", err, tc.want)
+			}
+			if verr.Binary == 0 {
+				t.Errorf("error does not name the binary's version: %v", err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// With migrations off, a current schema opens.
+func TestOpenSkipMigrationsOnCurrentSchema(t *testing.T) {
+	t.Parallel()
+	c, err := Open(context.Background(), Config{DSN: testdb.New(t), ComponentName: "test", SkipMigrations: true})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	c.Close()
+}
+
+// Many components migrating one empty database at once all succeed.
+func TestOpenMigratesConcurrently(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewEmpty(t)
+	errs := make(chan error, 4)
+	for range 4 {
+		go func() {
+			c, err := Open(context.Background(), Config{DSN: dsn, ComponentName: "test"})
+			if err == nil {
+				c.Close()
+			}
+			errs <- err
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Open: %v", err)
+		}
+	}
+}

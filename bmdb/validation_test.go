@@ -1,0 +1,170 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+func TestOpenRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	good := Config{DSN: "postgres://u@127.0.0.1:1/db", ComponentName: "c"}
+	for _, tc := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"Config.DSN", func(c *Config) { c.DSN = "" }},
+		{"Config.ComponentName", func(c *Config) { c.ComponentName = "" }},
+		{"Config.ComponentName", func(c *Config) { c.ComponentName = strings.Repeat("x", MaxComponentNameLength+1) }},
+		{"Config.ComponentName", func(c *Config) { c.ComponentName = "bad\x00name" }},
+		{"Config.ComponentName", func(c *Config) { c.ComponentName = "\xff" }},
+		{"Config.RuntimeInfo", func(c *Config) { c.RuntimeInfo = strings.Repeat("x", MaxRuntimeInfoLength+1) }},
+		{"Config.SessionInterval", func(c *Config) { c.SessionInterval = -time.Second }},
+		{"Config.SessionInterval", func(c *Config) { c.SessionInterval = time.Millisecond }},
+		{"Config.GCPeriod", func(c *Config) { c.GCPeriod = -1 }},
+		{"Config.GCGracePeriod", func(c *Config) { c.GCGracePeriod = -1 }},
+		{"Config.MaxTxAttempts", func(c *Config) { c.MaxTxAttempts = -1 }},
+		{"Config.MaxOpenConns", func(c *Config) { c.MaxOpenConns = -1 }},
+		{"Config.MaxIdleConns", func(c *Config) { c.MaxIdleConns = -1 }},
+		{"Config.DSN", func(c *Config) { c.DSN = "postgres://user:s3cret@host:notaport/db" }},
+		{"Config.DSN", func(c *Config) { c.DSN = "host=localhost password=s3cret sslmode=bogus" }},
+	} {
+		cfg := good
+		tc.mod(&cfg)
+		_, err := Open(context.Background(), cfg)
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Open(%s bad) = %v, want ErrInvalidArgument naming %s", tc.field, err, tc.field)
+		}
+		if err != nil && strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("error reveals the DSN password: %v", err)
+		}
+	}
+}
+
+// An unreachable database fails Open within ctx, without the password in
+// the error.
+func TestOpenUnreachableDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	start := time.Now()
+	// 127.0.0.1:1 refuses connections; 192.0.2.1 is never routed, but this
+	// test sends nothing off the machine, so use a closed local port.
+	_, err := Open(ctx, Config{DSN: "postgres://bmdb:s3cret@127.0.0.1:1/bmdb?sslmode=disable", ComponentName: "c"})
+	if err == nil {
+		t.Fatal("Open of an unreachable database succeeded")
+	}
+	if time.Since(start) > 3*time.Second {
+		t.Errorf("Open took %v, longer than its context", time.Since(start))
+	}
+	if strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("error reveals the DSN password: %v", err)
+	}
+	if !strings.Contains(err.Error(), "127.0.0.1:1") {
+		t.Errorf("error does not say where it tried to connect: %v", err)
+	}
+}
+
+func TestRedactDSN(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ in, want string }{
+		{"postgres://u:p4ss@h:5432/db?sslmode=verify-full", "postgres://u:xxxxx@h:5432/db?sslmode=verify-full"},
+		{"postgres://u@h/db?password=p4ss", "postgres://u@h/db?password=xxxxx"},
+		{"host=h user=u password=p4ss dbname=db", "host=h user=u password=xxxxx dbname=db"},
+		{"host=h password='p 4ss' dbname=db", "host=h password=xxxxx dbname=db"},
+		{"host=h dbname=db", "host=h dbname=db"},
+	} {
+		if got := redactDSN(tc.in); got != tc.want {
+			t.Errorf("redactDSN(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+	err := redactError(errors.New("failed for postgres://u:p4ss@h/db: p4ss"), "postgres://u:p4ss@h/db")
+	if strings.Contains(err.Error(), "p4ss") {
+		t.Errorf("redactError left the password: %v", err)
+	}
+}
+
+// Every bad argument of a Session method is refused with ErrInvalidArgument,
+// before anything is written.
+func TestSessionMethodsRejectBadInput(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	ctx := context.Background()
+	m := e.machine()
+	for _, process := range []string{"", strings.Repeat("p", MaxProcessLength+1), "nul\x00", "\xfe"} {
+		if _, err := s.Work(ctx, process, retrieveAll(m)); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "process") {
+			t.Errorf("Work(%q) = %v, want ErrInvalidArgument", process, err)
+		}
+	}
+	if _, err := s.Work(ctx, "install", nil); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "retrieve") {
+		t.Errorf("Work(nil retrieve) = %v", err)
+	}
+	if err := s.Transact(ctx, nil); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("Transact(nil) = %v", err)
+	}
+	w, err := s.Work(ctx, strings.Repeat("p", MaxProcessLength), retrieveAll(m))
+	if err != nil {
+		t.Fatalf("Work with a process name of the maximum length: %v", err)
+	}
+	if err := w.Finish(ctx, nil); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "commit") {
+		t.Errorf("Finish(nil) = %v", err)
+	}
+	for _, b := range []Backoff{
+		{Initial: 0, Maximum: time.Second, Exponent: 2},
+		{Initial: -time.Second, Maximum: time.Second, Exponent: 2},
+		{Initial: time.Second, Maximum: 0, Exponent: 2},
+		{Initial: 2 * time.Second, Maximum: time.Second, Exponent: 2},
+		{Initial: time.Second, Maximum: time.Second, Exponent: 0},
+		{Initial: time.Second, Maximum: time.Second, Exponent: 0.5},
+		{Initial: time.Second, Maximum: time.Second, Exponent: math.NaN()},
+		{Initial: time.Second, Maximum: time.Second, Exponent: math.Inf(1)},
+		{Initial: time.Second, Maximum: time.Second, Exponent: 2, Jitter: -0.1},
+		{Initial: time.Second, Maximum: time.Second, Exponent: 2, Jitter: 1.5},
+	} {
+		if err := w.Fail(ctx, &b, "x"); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "Backoff.") {
+			t.Errorf("Fail(%+v) = %v, want ErrInvalidArgument naming the field", b, err)
+		}
+	}
+	// Nothing of the refused calls was written: the claim is still open.
+	if got := e.events(m, s); len(got) != 1 {
+		t.Errorf("history after refused calls = %v", got)
+	}
+	// An over-long cause is truncated at a UTF-8 boundary, not refused.
+	cause := strings.Repeat("é", MaxCauseLength) // 2 bytes each
+	if err := w.Fail(ctx, &testBackoff, cause+"\x00"); err != nil {
+		t.Fatalf("Fail with a long cause: %v", err)
+	}
+	var stored string
+	if err := e.db.QueryRow("SELECT failed_cause FROM work_history WHERE event = 'Failed'").Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if len(stored) != MaxCauseLength || !utf8.ValidString(stored) || !strings.HasPrefix(cause, stored) {
+		t.Errorf("stored cause is %d bytes, valid=%v", len(stored), utf8.ValidString(stored))
+	}
+	var backoffCause string
+	if err := e.db.QueryRow("SELECT cause FROM work_backoff").Scan(&backoffCause); err != nil || backoffCause != stored {
+		t.Errorf("backoff cause differs from history's")
+	}
+}
+
+// Calls on a closed Connection fail with ErrConnectionClosed.
+func TestClosedConnection(t *testing.T) {
+	e := newEnv(t)
+	c := e.open()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	if _, err := c.StartSession(context.Background()); !errors.Is(err, ErrConnectionClosed) {
+		t.Errorf("StartSession after Close = %v", err)
+	}
+	if _, err := c.CollectGarbage(context.Background()); !errors.Is(err, ErrConnectionClosed) {
+		t.Errorf("CollectGarbage after Close = %v", err)
+	}
+}

@@ -1,0 +1,359 @@
+// Package worker runs the claim loop every bmdb component needs: N claimers
+// that take machines for one process with Session.Work, process them, and
+// end each claim with Finish (success), Fail with backoff (error) or Cancel
+// (shutdown), recreating the session when it expires.
+//
+// A Loop owns one session at a time, shared by its claimers. Processing runs
+// under a context that is cancelled when that session ends, so a worker that
+// lost its claims stops working on them; it is not cancelled when Run's
+// context is, so in-flight work may finish within Config.ShutdownGrace.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+)
+
+// Defaults of Config.
+const (
+	ConcurrencyDefault   = 1
+	CandidatesDefault    = 16
+	PollMinDefault       = 100 * time.Millisecond
+	PollMaxDefault       = 5 * time.Second
+	ShutdownGraceDefault = 10 * time.Second
+	RestartDelayDefault  = time.Second
+)
+
+// BackoffDefault is the default Config.Backoff: 1s doubling up to 5 minutes,
+// with 20% jitter.
+var BackoffDefault = bmdb.Backoff{Initial: time.Second, Maximum: 5 * time.Minute, Exponent: 2, Jitter: 0.2}
+
+// Retrieve returns candidate machines for the process, at most limit of
+// them, in order of preference. It runs inside Work's transaction and may
+// run several times: it must only read, through tx.
+type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error)
+
+// Process does the work on a claimed machine outside any transaction, and
+// returns what Finish commits (nil: nothing beyond ending the claim), or an
+// error, which fails the Work with Config.Backoff and the error's text as
+// cause. ctx is cancelled when the session ends (the claim can no longer be
+// finished) or ShutdownGrace after shutdown began; Process should then
+// return promptly. It runs on one of the Loop's claimer goroutines.
+type Process func(ctx context.Context, w *bmdb.Work) (commit func(tx *bmdb.Tx) error, err error)
+
+// Config configures a Loop. Process, Retrieve and Work are required.
+type Config struct {
+	// Process is the bmdb process name the loop claims machines for.
+	// Required.
+	Process string
+	// Retrieve proposes machines to claim. Required.
+	Retrieve Retrieve
+	// Work processes one claimed machine. Required.
+	Work Process
+	// Concurrency is the number of claimers, each working on at most one
+	// machine at a time. Defaults to ConcurrencyDefault.
+	Concurrency int
+	// Candidates is the limit passed to Retrieve. The loop tries the
+	// candidates in random order, so that concurrent claimers spread over
+	// them. Defaults to CandidatesDefault.
+	Candidates int
+	// Backoff is applied to a machine whose Work failed. Defaults to
+	// BackoffDefault.
+	Backoff bmdb.Backoff
+	// PollMin and PollMax bound the wait of a claimer that found nothing to
+	// do (or only conflicts): it starts at PollMin, doubles up to PollMax
+	// while nothing is found, and each wait is jittered down by up to half,
+	// so idle claimers neither spin nor wake in step. Defaults to
+	// PollMinDefault and PollMaxDefault.
+	PollMin, PollMax time.Duration
+	// ShutdownGrace is how long in-flight work may run on after Run's
+	// context is done before its context is cancelled and its claim
+	// Canceled. Defaults to ShutdownGraceDefault.
+	ShutdownGrace time.Duration
+	// RestartDelay is the wait before starting a new session after one
+	// ended or could not be started. Defaults to RestartDelayDefault.
+	RestartDelay time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Concurrency == 0 {
+		c.Concurrency = ConcurrencyDefault
+	}
+	if c.Candidates == 0 {
+		c.Candidates = CandidatesDefault
+	}
+	if c.Backoff == (bmdb.Backoff{}) {
+		c.Backoff = BackoffDefault
+	}
+	if c.PollMin == 0 {
+		c.PollMin = PollMinDefault
+	}
+	if c.PollMax == 0 {
+		c.PollMax = max(PollMaxDefault, c.PollMin)
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = ShutdownGraceDefault
+	}
+	if c.RestartDelay == 0 {
+		c.RestartDelay = RestartDelayDefault
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Process == "":
+		return fmt.Errorf("%w: worker.Config.Process is empty", bmdb.ErrInvalidArgument)
+	case c.Retrieve == nil:
+		return fmt.Errorf("%w: worker.Config.Retrieve is nil", bmdb.ErrInvalidArgument)
+	case c.Work == nil:
+		return fmt.Errorf("%w: worker.Config.Work is nil", bmdb.ErrInvalidArgument)
+	case c.Concurrency < 1:
+		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be positive", bmdb.ErrInvalidArgument, c.Concurrency)
+	case c.Candidates < 1 || c.Candidates > 1<<20:
+		return fmt.Errorf("%w: worker.Config.Candidates is %d, must be in [1, 2^20]", bmdb.ErrInvalidArgument, c.Candidates)
+	case c.PollMin <= 0 || c.PollMax < c.PollMin:
+		return fmt.Errorf("%w: worker.Config.PollMin/PollMax are %v/%v, need 0 < PollMin <= PollMax", bmdb.ErrInvalidArgument, c.PollMin, c.PollMax)
+	case c.ShutdownGrace < 0:
+		return fmt.Errorf("%w: worker.Config.ShutdownGrace is %v, must not be negative", bmdb.ErrInvalidArgument, c.ShutdownGrace)
+	case c.RestartDelay < 0:
+		return fmt.Errorf("%w: worker.Config.RestartDelay is %v, must not be negative", bmdb.ErrInvalidArgument, c.RestartDelay)
+	}
+	if err := c.Backoff.Validate(); err != nil {
+		return fmt.Errorf("worker.Config.Backoff: %w", err)
+	}
+	return nil
+}
+
+// Stats are a Loop's cumulative figures.
+type Stats struct {
+	Sessions  int64 // sessions started
+	Polls     int64 // Work calls
+	Claimed   int64 // successful claims
+	Finished  int64 // claims ended by Finish
+	Failed    int64 // claims ended by Fail
+	Canceled  int64 // claims ended by Cancel (shutdown)
+	Lost      int64 // claims lost with their session, or fenced off
+	Conflicts int64 // Work calls that returned ErrWorkConflict
+}
+
+// Loop runs claimers for one process. Create it with New and run it once
+// with Run. Stats is safe to call concurrently with Run.
+type Loop struct {
+	conn *bmdb.Connection
+	cfg  Config
+
+	started                                    atomic.Bool
+	sessions, polls, claimed, finished, failed atomic.Int64
+	canceled, lost, conflicts                  atomic.Int64
+}
+
+// New returns a Loop over conn, or an error wrapping bmdb.ErrInvalidArgument
+// naming the bad Config field.
+func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("%w: worker.New: conn is nil", bmdb.ErrInvalidArgument)
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Loop{conn: conn, cfg: cfg}, nil
+}
+
+// Stats returns the loop's figures so far.
+func (l *Loop) Stats() Stats {
+	return Stats{
+		Sessions: l.sessions.Load(), Polls: l.polls.Load(), Claimed: l.claimed.Load(),
+		Finished: l.finished.Load(), Failed: l.failed.Load(), Canceled: l.canceled.Load(),
+		Lost: l.lost.Load(), Conflicts: l.conflicts.Load(),
+	}
+}
+
+// ErrAlreadyRunning is returned by a second call of Run.
+var ErrAlreadyRunning = errors.New("worker: Run called twice")
+
+// Run claims and processes machines until ctx is done, then shuts down: it
+// stops claiming, lets in-flight work finish for up to ShutdownGrace,
+// cancels the claims still running after that, closes the session, and
+// returns nil. A session that expires is replaced after RestartDelay; its
+// in-flight work is abandoned (its context is cancelled and its claims are
+// taken over by whoever claims them next).
+func (l *Loop) Run(ctx context.Context) error {
+	if !l.started.CompareAndSwap(false, true) {
+		return ErrAlreadyRunning
+	}
+	for ctx.Err() == nil {
+		sess, err := l.conn.StartSession(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				klog.Warningf("worker %s: starting session: %v", l.cfg.Process, err)
+			}
+		} else {
+			l.sessions.Add(1)
+			l.runSession(ctx, sess)
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ShutdownGrace+time.Second)
+			if err := sess.Close(closeCtx); err != nil {
+				klog.Warningf("worker %s: closing session: %v", l.cfg.Process, err)
+			}
+			cancel()
+		}
+		if ctx.Err() == nil {
+			_ = sleep(ctx, l.cfg.RestartDelay)
+		}
+	}
+	return nil
+}
+
+// runSession runs the claimers on sess until ctx is done (and in-flight
+// work has ended) or sess ends.
+func (l *Loop) runSession(ctx context.Context, sess *bmdb.Session) {
+	// workCtx is what Process runs under: it ends with the session, or
+	// ShutdownGrace after ctx.
+	workCtx, cancelWork := context.WithCancelCause(sess.Context())
+	defer cancelWork(nil)
+	stopGrace := context.AfterFunc(ctx, func() {
+		t := time.AfterFunc(l.cfg.ShutdownGrace, func() { cancelWork(errShutdown) })
+		context.AfterFunc(workCtx, func() { t.Stop() })
+	})
+	defer stopGrace()
+
+	// claimCtx ends claiming: at shutdown or when the session ends.
+	claimCtx, cancelClaims := context.WithCancel(ctx)
+	defer cancelClaims()
+	stopClaims := context.AfterFunc(sess.Context(), cancelClaims)
+	defer stopClaims()
+
+	var wg sync.WaitGroup
+	for range l.cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l.claimer(claimCtx, workCtx, sess)
+		}()
+	}
+	wg.Wait()
+}
+
+// errShutdown is the cause of the work context once ShutdownGrace is over.
+var errShutdown = errors.New("worker: shutdown grace period over")
+
+// claimer is one claiming goroutine.
+func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session) {
+	poll := l.cfg.PollMin
+	for claimCtx.Err() == nil {
+		w, err := l.claim(claimCtx, sess)
+		if err != nil {
+			if claimCtx.Err() != nil {
+				return
+			}
+			if !errors.Is(err, bmdb.ErrNothingToDo) && !errors.Is(err, bmdb.ErrWorkConflict) {
+				klog.Warningf("worker %s: claiming: %v", l.cfg.Process, err)
+			}
+			_ = sleep(claimCtx, poll-rand.N(poll/2+1))
+			poll = min(2*poll, l.cfg.PollMax)
+			continue
+		}
+		poll = l.cfg.PollMin
+		l.process(workCtx, w)
+	}
+}
+
+// claim runs one Work call with shuffled candidates.
+func (l *Loop) claim(ctx context.Context, sess *bmdb.Session) (*bmdb.Work, error) {
+	l.polls.Add(1)
+	w, err := sess.Work(ctx, l.cfg.Process, func(tx *bmdb.Tx) ([]uuid.UUID, error) {
+		ids, err := l.cfg.Retrieve(ctx, tx, int32(l.cfg.Candidates))
+		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		return ids, err
+	})
+	switch {
+	case err == nil:
+		l.claimed.Add(1)
+	case errors.Is(err, bmdb.ErrWorkConflict):
+		l.conflicts.Add(1)
+	}
+	return w, err
+}
+
+// process runs Config.Work on w and ends the claim.
+func (l *Loop) process(workCtx context.Context, w *bmdb.Work) {
+	commit, err := l.cfg.Work(workCtx, w)
+	sessCtx := w.Session().Context()
+	if sessCtx.Err() != nil {
+		// The claim went with the session: nothing can end it now.
+		l.lost.Add(1)
+		klog.Warningf("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), context.Cause(sessCtx))
+		return
+	}
+	// Ending the claim must not be cut short by shutdown; it is bounded by
+	// the session (Transact aborts when it ends) and by a timeout.
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), l.cfg.ShutdownGrace+time.Second)
+	defer cancel()
+	switch {
+	case errors.Is(context.Cause(workCtx), errShutdown):
+		l.end(w, &l.canceled, w.Cancel(endCtx))
+	case err != nil:
+		l.end(w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, err.Error()))
+	default:
+		if commit == nil {
+			commit = func(*bmdb.Tx) error { return nil }
+		}
+		err := w.Finish(endCtx, commit)
+		if err != nil && !lost(err) {
+			// The commit itself failed: back off rather than retry it at once.
+			klog.Warningf("worker %s: finishing %s: %v", l.cfg.Process, w.Machine(), err)
+			l.end(w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, "finish failed: "+err.Error()))
+			return
+		}
+		l.end(w, &l.finished, err)
+	}
+}
+
+// end counts how a claim ended; if ending it failed for another reason than
+// losing it, it cancels the claim so that it does not stay held.
+func (l *Loop) end(w *bmdb.Work, counter *atomic.Int64, err error) {
+	switch {
+	case err == nil:
+		counter.Add(1)
+	case lost(err):
+		l.lost.Add(1)
+		klog.Warningf("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), err)
+	default:
+		klog.Warningf("worker %s: ending claim of %s: %v; canceling it", l.cfg.Process, w.Machine(), err)
+		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.ShutdownGrace+time.Second)
+		defer cancel()
+		if err := w.Cancel(ctx); err == nil {
+			l.canceled.Add(1)
+		} else {
+			klog.Warningf("worker %s: canceling claim of %s: %v", l.cfg.Process, w.Machine(), err)
+		}
+	}
+}
+
+// lost reports whether err says the claim is gone.
+func lost(err error) bool {
+	return errors.Is(err, bmdb.ErrWorkLost) || errors.Is(err, bmdb.ErrSessionExpired) || errors.Is(err, bmdb.ErrSessionClosed)
+}
+
+// sleep waits for d or until ctx is done.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

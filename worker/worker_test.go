@@ -1,0 +1,425 @@
+package worker
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+func TestMain(m *testing.M) {
+	testdb.Main(m, func(ctx context.Context, dsn string) error {
+		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+const process = "install"
+
+type env struct {
+	t    *testing.T
+	db   *sql.DB
+	conn *bmdb.Connection
+}
+
+// newEnv gives a test its database with a "done" tag table and n machines.
+func newEnv(t *testing.T, n int) *env {
+	t.Helper()
+	t.Parallel()
+	dsn := testdb.New(t)
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Exec("CREATE TABLE done (machine_id UUID PRIMARY KEY REFERENCES machines)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := model.New(db).MachineCreateMany(context.Background(), int64(n)); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "worker-test", SessionInterval: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &env{t: t, db: db, conn: conn}
+}
+
+func (e *env) count(query string, args ...any) int {
+	e.t.Helper()
+	var n int
+	if err := e.db.QueryRow(query, args...).Scan(&n); err != nil {
+		e.t.Fatalf("%s: %v", query, err)
+	}
+	return n
+}
+
+// retrieveNotDone proposes machines without a done tag or a live claim.
+func retrieveNotDone(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error) {
+	rows, err := tx.DBTX().QueryContext(ctx, `
+		SELECT m.machine_id FROM machines m
+		WHERE NOT EXISTS (SELECT 1 FROM done d WHERE d.machine_id = m.machine_id)
+		  AND NOT EXISTS (SELECT 1 FROM work w JOIN sessions s USING (session_id)
+		                  WHERE w.machine_id = m.machine_id AND s.deadline > now())
+		ORDER BY m.machine_id LIMIT $1`, limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
+}
+
+func markDone(w *bmdb.Work) func(*bmdb.Tx) error {
+	return func(tx *bmdb.Tx) error {
+		_, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO done VALUES ($1)", w.Machine())
+		return err
+	}
+}
+
+// start runs a Loop in the background; stop cancels it and returns how long
+// Run took to return.
+func (e *env) start(cfg Config) (l *Loop, stop func() time.Duration) {
+	e.t.Helper()
+	cfg.Process = process
+	if cfg.Retrieve == nil {
+		cfg.Retrieve = retrieveNotDone
+	}
+	l, err := New(e.conn, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- l.Run(ctx) }()
+	var once sync.Once
+	var took time.Duration
+	stop = func() time.Duration {
+		once.Do(func() {
+			start := time.Now()
+			cancel()
+			select {
+			case err := <-ran:
+				if err != nil {
+					e.t.Errorf("Run: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				e.t.Fatal("Run did not return after shutdown")
+			}
+			took = time.Since(start)
+		})
+		return took
+	}
+	e.t.Cleanup(func() { stop() })
+	return l, stop
+}
+
+// history returns every machine's events, in order, as "Event@n" with
+// sessions numbered by first appearance.
+func (e *env) history() map[uuid.UUID][]string {
+	e.t.Helper()
+	rows, err := e.db.Query("SELECT machine_id, session_id, event, coalesce(failed_cause, '') FROM work_history ORDER BY at, id")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	sessions := map[uuid.UUID]int{}
+	out := map[uuid.UUID][]string{}
+	for rows.Next() {
+		var m, s uuid.UUID
+		var event, cause string
+		if err := rows.Scan(&m, &s, &event, &cause); err != nil {
+			e.t.Fatal(err)
+		}
+		if _, ok := sessions[s]; !ok {
+			sessions[s] = len(sessions) + 1
+		}
+		out[m] = append(out[m], fmt.Sprintf("%s@%d", event, sessions[s]))
+	}
+	return out
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestLoopProcessesEveryMachineOnce(t *testing.T) {
+	const machines, concurrency = 40, 4
+	e := newEnv(t, machines)
+	var running, peak atomic.Int64
+	l, stop := e.start(Config{
+		Concurrency: concurrency,
+		PollMin:     10 * time.Millisecond,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			n := running.Add(1)
+			defer running.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
+			time.Sleep(5 * time.Millisecond) // simulated work
+			return markDone(w), nil
+		},
+	})
+	eventually(t, 20*time.Second, "every machine done", func() bool {
+		return e.count("SELECT count(*) FROM done") == machines
+	})
+	stop()
+
+	for m, events := range e.history() {
+		if len(events) != 2 || !strings.HasPrefix(events[0], "Started") || !strings.HasPrefix(events[1], "Finished") {
+			t.Errorf("machine %s: history %v, want one Started and one Finished", m, events)
+		}
+	}
+	if p := peak.Load(); p > concurrency || p < 2 {
+		t.Errorf("peak concurrency %d, want 2..%d", p, concurrency)
+	}
+	st := l.Stats()
+	if st.Finished != machines || st.Claimed != machines || st.Failed+st.Canceled+st.Lost != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if n := e.count("SELECT count(*) FROM sessions") + e.count("SELECT count(*) FROM work"); n != 0 {
+		t.Errorf("%d session or work rows left after shutdown", n)
+	}
+}
+
+func TestLoopFailsWithBackoffThenSucceeds(t *testing.T) {
+	e := newEnv(t, 5)
+	var mu sync.Mutex
+	tried := map[uuid.UUID]bool{}
+	l, stop := e.start(Config{
+		Concurrency: 2,
+		PollMin:     10 * time.Millisecond,
+		PollMax:     50 * time.Millisecond,
+		Backoff:     bmdb.Backoff{Initial: 200 * time.Millisecond, Maximum: time.Second, Exponent: 2},
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if !tried[w.Machine()] {
+				tried[w.Machine()] = true
+				return nil, errors.New("BMC did not answer")
+			}
+			return markDone(w), nil
+		},
+	})
+	eventually(t, 20*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == 5 })
+	stop()
+	for m, events := range e.history() {
+		if !slices.Equal(events, []string{"Started@1", "Failed@1", "Started@1", "Finished@1"}) {
+			t.Errorf("machine %s: history %v", m, events)
+		}
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed' AND failed_cause = 'BMC did not answer'"); n != 5 {
+		t.Errorf("%d failures recorded with their cause, want 5", n)
+	}
+	// The retry waited out the backoff on the database clock.
+	if n := e.count(`SELECT count(*) FROM work_history f JOIN work_history s
+		ON s.machine_id = f.machine_id AND s.event = 'Started' AND s.at > f.at
+		WHERE f.event = 'Failed' AND s.at - f.at < INTERVAL '200 milliseconds'`); n != 0 {
+		t.Errorf("%d machines reclaimed before their backoff ended", n)
+	}
+	if n := e.count("SELECT count(*) FROM work_backoff"); n != 0 {
+		t.Errorf("%d backoffs left after Finish", n)
+	}
+	if st := l.Stats(); st.Failed != 5 || st.Finished != 5 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestLoopShutdownCancelsWorkAfterGrace(t *testing.T) {
+	e := newEnv(t, 2)
+	const grace = 300 * time.Millisecond
+	var sawCause atomic.Value
+	l, stop := e.start(Config{
+		Concurrency:   2,
+		PollMin:       10 * time.Millisecond,
+		ShutdownGrace: grace,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			<-ctx.Done() // work that outlasts any grace period
+			sawCause.Store(context.Cause(ctx))
+			return nil, ctx.Err()
+		},
+	})
+	eventually(t, 10*time.Second, "both machines claimed", func() bool { return e.count("SELECT count(*) FROM work") == 2 })
+	took := stop()
+	if took < grace || took > grace+2*time.Second {
+		t.Errorf("Run returned %v after shutdown, want just over the %v grace", took, grace)
+	}
+	if c, _ := sawCause.Load().(error); !errors.Is(c, errShutdown) {
+		t.Errorf("work context cause = %v", c)
+	}
+	for m, events := range e.history() {
+		if !slices.Equal(events, []string{"Started@1", "Canceled@1"}) {
+			t.Errorf("machine %s: history %v", m, events)
+		}
+	}
+	if n := e.count("SELECT count(*) FROM work_backoff") + e.count("SELECT count(*) FROM sessions"); n != 0 {
+		t.Errorf("shutdown left %d backoff or session rows", n)
+	}
+	if st := l.Stats(); st.Canceled != 2 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestLoopShutdownLetsWorkFinishAndStopsClaiming(t *testing.T) {
+	e := newEnv(t, 3)
+	release := make(chan struct{})
+	claimed := make(chan struct{}, 3)
+	l, err := New(e.conn, Config{
+		Process:       process,
+		Retrieve:      retrieveNotDone,
+		Concurrency:   1,
+		PollMin:       10 * time.Millisecond,
+		ShutdownGrace: 10 * time.Second,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			claimed <- struct{}{}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+			return markDone(w), nil
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- l.Run(ctx) }()
+	<-claimed
+	cancel() // shutdown begins with work in flight
+	close(release)
+	select {
+	case err := <-ran:
+		if err != nil {
+			t.Fatalf("Run: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the in-flight work finished")
+	}
+	if n := e.count("SELECT count(*) FROM done"); n != 1 {
+		t.Errorf("%d machines done, want exactly the one in flight at shutdown", n)
+	}
+	if st := l.Stats(); st.Claimed != 1 || st.Finished != 1 {
+		t.Errorf("stats %+v: claims after shutdown began", st)
+	}
+}
+
+func TestLoopRecoversFromSessionLoss(t *testing.T) {
+	e := newEnv(t, 1)
+	var attempts atomic.Int64
+	l, stop := e.start(Config{
+		Concurrency:  1,
+		PollMin:      10 * time.Millisecond,
+		RestartDelay: 50 * time.Millisecond,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			if attempts.Add(1) == 1 {
+				<-ctx.Done() // the session dies under this work
+				if !errors.Is(context.Cause(ctx), bmdb.ErrSessionExpired) {
+					return nil, fmt.Errorf("work context ended by %v, not by session expiry", context.Cause(ctx))
+				}
+				return markDone(w), nil // must not be committed
+			}
+			return markDone(w), nil
+		},
+	})
+	eventually(t, 10*time.Second, "the first claim", func() bool { return e.count("SELECT count(*) FROM work") == 1 })
+	if _, err := e.db.Exec("UPDATE sessions SET deadline = now() - INTERVAL '1 second'"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the machine done by a new session", func() bool { return e.count("SELECT count(*) FROM done") == 1 })
+	stop()
+	for m, events := range e.history() {
+		if !slices.Equal(events, []string{"Started@1", "Abandoned@1", "Started@2", "Finished@2"}) {
+			t.Errorf("machine %s: history %v", m, events)
+		}
+	}
+	if st := l.Stats(); st.Sessions < 2 || st.Lost != 1 || st.Finished != 1 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+func TestLoopIdleDoesNotSpin(t *testing.T) {
+	e := newEnv(t, 0)
+	l, stop := e.start(Config{
+		Concurrency: 4,
+		PollMin:     20 * time.Millisecond,
+		PollMax:     100 * time.Millisecond,
+		Work: func(context.Context, *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			return nil, errors.New("nothing should be claimed")
+		},
+	})
+	const window = time.Second
+	time.Sleep(window) // the observation window
+	stop()
+	// Each claimer waits 20, 40, 80, 100, 100... ms (jittered down by up
+	// to half): at most ~25 polls per claimer in a second. A hot loop makes
+	// thousands.
+	polls := l.Stats().Polls
+	if polls < 4 || polls > 4*25 {
+		t.Errorf("%d polls in %v by 4 idle claimers", polls, window)
+	}
+	t.Logf("%d polls in %v", polls, window)
+}
+
+func TestNewRejectsBadConfig(t *testing.T) {
+	t.Parallel()
+	work := func(context.Context, *bmdb.Work) (func(*bmdb.Tx) error, error) { return nil, nil }
+	good := Config{Process: process, Retrieve: retrieveNotDone, Work: work}
+	conn := &bmdb.Connection{}
+	for _, tc := range []struct {
+		field string
+		mod   func(*Config)
+	}{
+		{"Process", func(c *Config) { c.Process = "" }},
+		{"Retrieve", func(c *Config) { c.Retrieve = nil }},
+		{"Work", func(c *Config) { c.Work = nil }},
+		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
+		{"Candidates", func(c *Config) { c.Candidates = -1 }},
+		{"PollMin", func(c *Config) { c.PollMin = -time.Second }},
+		{"PollMax", func(c *Config) { c.PollMin, c.PollMax = time.Second, time.Millisecond }},
+		{"ShutdownGrace", func(c *Config) { c.ShutdownGrace = -1 }},
+		{"Backoff", func(c *Config) { c.Backoff = bmdb.Backoff{Initial: -1} }},
+	} {
+		cfg := good
+		tc.mod(&cfg)
+		if _, err := New(conn, cfg); !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("New with bad %s = %v", tc.field, err)
+		}
+	}
+	if _, err := New(nil, good); !errors.Is(err, bmdb.ErrInvalidArgument) {
+		t.Errorf("New(nil conn) = %v", err)
+	}
+	if _, err := New(conn, good); err != nil {
+		t.Errorf("New(good) = %v", err)
+	}
+}
