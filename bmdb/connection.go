@@ -154,5 +154,10 @@ func (c *Connection) Stats() Stats {
 	}
 }
 
+// DB returns the connection's pool, for reads outside any session (progress
+// displays, operators' queries). Writes belong in Session.Transact, which
+// checks the session.
+func (c *Connection) DB() *sql.DB { return c.db }
+
 // ComponentName returns the component name the connection's sessions carry.
 func (c *Connection) ComponentName() string { return c.cfg.ComponentName }

@@ -1,0 +1,289 @@
+// Command worker-example runs a small bare-metal fleet pipeline on bmdb:
+// three components, each a worker.Loop with its own session, move machines
+// through provide -> start agent -> install OS. Work is simulated with a
+// configurable duration and failure rate, so claims, conflicts, backoff and
+// history all show. It seeds machines, prints progress once a second, and
+// when every machine has passed every stage prints a summary read from
+// work_history.
+//
+//	worker-example --dsn postgres://... --machines 200
+//
+// The DSN may also come from BMDB_DSN. make demo starts a throwaway
+// PostgreSQL and runs this against it.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/worker"
+)
+
+type options struct {
+	dsn          string
+	machines     int
+	concurrency  int
+	workDuration time.Duration
+	failureRate  float64
+	interval     time.Duration
+	timeout      time.Duration
+	backoff      bmdb.Backoff
+}
+
+func main() {
+	klog.InitFlags(nil)
+	var o options
+	flag.StringVar(&o.dsn, "dsn", os.Getenv("BMDB_DSN"), "database DSN (default $BMDB_DSN)")
+	flag.IntVar(&o.machines, "machines", 200, "number of new machines to seed (0: use the machines already there)")
+	flag.IntVar(&o.concurrency, "concurrency", 8, "claimers per stage")
+	flag.DurationVar(&o.workDuration, "work-duration", 40*time.Millisecond, "mean simulated duration of one stage's work on one machine")
+	flag.Float64Var(&o.failureRate, "failure-rate", 0.1, "probability that one attempt of a stage fails (and backs off)")
+	flag.DurationVar(&o.interval, "session-interval", 2*time.Second, "bmdb session interval")
+	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up if the pipeline has not completed by then")
+	flag.DurationVar(&o.backoff.Initial, "backoff-initial", 100*time.Millisecond, "first backoff after a failure")
+	flag.DurationVar(&o.backoff.Maximum, "backoff-max", 2*time.Second, "longest backoff")
+	flag.Parse()
+	o.backoff.Exponent, o.backoff.Jitter = 2, 0.2
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "worker-example:", err)
+		klog.Flush()
+		os.Exit(1)
+	}
+	klog.Flush()
+}
+
+func (o options) validate() error {
+	switch {
+	case o.dsn == "":
+		return errors.New("no database: pass --dsn or set BMDB_DSN (make demo starts one)")
+	case o.machines < 0:
+		return fmt.Errorf("--machines is %d, must not be negative", o.machines)
+	case o.concurrency < 1:
+		return fmt.Errorf("--concurrency is %d, must be positive", o.concurrency)
+	case o.workDuration < 0:
+		return fmt.Errorf("--work-duration is %v, must not be negative", o.workDuration)
+	case !(o.failureRate >= 0 && o.failureRate < 1):
+		return fmt.Errorf("--failure-rate is %v, must be in [0, 1)", o.failureRate)
+	case o.timeout <= 0:
+		return fmt.Errorf("--timeout is %v, must be positive", o.timeout)
+	}
+	return o.backoff.Validate()
+}
+
+// stage is one component of the pipeline.
+type stage struct {
+	process   string
+	component string
+	retrieve  func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error)
+	commit    func(ctx context.Context, q *model.Queries, machine uuid.UUID) error
+}
+
+var stages = []stage{
+	{
+		process: "provide", component: "provisioner",
+		retrieve: func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error) {
+			return q.MachinesNeedingProvide(ctx, limit)
+		},
+		commit: func(ctx context.Context, q *model.Queries, m uuid.UUID) error {
+			return q.MachineProvidedInsert(ctx, model.MachineProvidedInsertParams{MachineID: m, Provider: "example-dc"})
+		},
+	},
+	{
+		process: "start-agent", component: "agent-starter",
+		retrieve: func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error) {
+			return q.MachinesNeedingAgentStart(ctx, limit)
+		},
+		commit: func(ctx context.Context, q *model.Queries, m uuid.UUID) error {
+			return q.MachineAgentStartedInsert(ctx, model.MachineAgentStartedInsertParams{MachineID: m, AgentVersion: "v1.0.0"})
+		},
+	},
+	{
+		process: "install-os", component: "os-installer",
+		retrieve: func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error) {
+			return q.MachinesNeedingOSInstall(ctx, limit)
+		},
+		commit: func(ctx context.Context, q *model.Queries, m uuid.UUID) error {
+			return q.MachineOSInstalledInsert(ctx, model.MachineOSInstalledInsertParams{MachineID: m, OsImage: "debian-12"})
+		},
+	},
+}
+
+func run(ctx context.Context, o options) error {
+	if err := o.validate(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	host, _ := os.Hostname()
+	runtimeInfo := fmt.Sprintf("worker-example on %s, pid %d", host, os.Getpid())
+
+	var conns []*bmdb.Connection
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	var loops []*worker.Loop
+	for _, st := range stages {
+		conn, err := bmdb.Open(ctx, bmdb.Config{DSN: o.dsn, ComponentName: st.component, RuntimeInfo: runtimeInfo, SessionInterval: o.interval})
+		if err != nil {
+			return err
+		}
+		conns = append(conns, conn)
+		l, err := worker.New(conn, worker.Config{
+			Process:       st.process,
+			Concurrency:   o.concurrency,
+			Backoff:       o.backoff,
+			PollMin:       20 * time.Millisecond,
+			PollMax:       500 * time.Millisecond,
+			ShutdownGrace: 5 * time.Second,
+			Retrieve: func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error) {
+				return st.retrieve(ctx, tx.Queries(), limit)
+			},
+			Work: simulate(st, o),
+		})
+		if err != nil {
+			return err
+		}
+		loops = append(loops, l)
+	}
+	q, err := seed(ctx, conns[0], o.machines)
+	if err != nil {
+		return err
+	}
+
+	start := time.Now()
+	loopCtx, stopLoops := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, l := range loops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = l.Run(loopCtx)
+		}()
+	}
+	done, err := watch(ctx, q, loops, start)
+	stopLoops()
+	wg.Wait()
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\nall %d machines passed every stage in %.1fs\n\n", done, time.Since(start).Seconds())
+	return summary(context.WithoutCancel(ctx), q)
+}
+
+// seed inserts n machines and returns queries on the database, read outside
+// any session (progress and summary only read).
+func seed(ctx context.Context, conn *bmdb.Connection, n int) (*model.Queries, error) {
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer sess.Close(context.WithoutCancel(ctx))
+	var q *model.Queries
+	err = sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		_, err := tx.Queries().MachineCreateMany(ctx, int64(n))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("seeding %d machines: %w", n, err)
+	}
+	q = model.New(conn.DB())
+	fmt.Printf("seeded %d machines; stages: provide -> start-agent -> install-os\n", n)
+	return q, nil
+}
+
+// simulate returns the Work function of a stage: it sleeps about
+// workDuration and fails with probability failureRate.
+func simulate(st stage, o options) worker.Process {
+	return func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+		d := o.workDuration/2 + rand.N(o.workDuration+1)
+		select {
+		case <-time.After(d):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if rand.Float64() < o.failureRate {
+			return nil, fmt.Errorf("simulated %s failure on %s", st.process, w.Machine())
+		}
+		return func(tx *bmdb.Tx) error { return st.commit(ctx, tx.Queries(), w.Machine()) }, nil
+	}
+}
+
+// watch prints progress every second until every machine is done.
+func watch(ctx context.Context, q *model.Queries, loops []*worker.Loop, start time.Time) (int64, error) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		c, err := q.MachineStageCounts(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("reading progress: %w", err)
+		}
+		var failed int64
+		for _, l := range loops {
+			failed += l.Stats().Failed
+		}
+		fmt.Printf("%5.1fs  machines %d  provided %d  agent-started %d  os-installed %d  in-flight %d  failed %d  backed-off %d\n",
+			time.Since(start).Seconds(), c.Machines, c.Provided, c.AgentStarted, c.OsInstalled, c.InFlight, failed, c.BackedOff)
+		if c.OsInstalled == c.Machines {
+			return c.Machines, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("pipeline incomplete: %w", ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// summary prints work_history's events per process and event.
+func summary(ctx context.Context, q *model.Queries) error {
+	rows, err := q.WorkHistorySummary(ctx)
+	if err != nil {
+		return fmt.Errorf("reading history: %w", err)
+	}
+	events := []model.WorkHistoryEvent{
+		model.WorkHistoryEventStarted, model.WorkHistoryEventFinished, model.WorkHistoryEventFailed,
+		model.WorkHistoryEventCanceled, model.WorkHistoryEventAbandoned,
+	}
+	counts := map[string]map[model.WorkHistoryEvent]int64{}
+	for _, r := range rows {
+		if counts[r.Process] == nil {
+			counts[r.Process] = map[model.WorkHistoryEvent]int64{}
+		}
+		counts[r.Process][r.Event] = r.Events
+	}
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	header := []string{"process"}
+	for _, e := range events {
+		header = append(header, string(e))
+	}
+	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
+	for _, st := range stages {
+		line := []string{st.process}
+		for _, e := range events {
+			line = append(line, fmt.Sprint(counts[st.process][e]))
+		}
+		fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
+	}
+	fmt.Println("work_history:")
+	return tw.Flush()
+}

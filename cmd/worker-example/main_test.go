@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"testing"
+	"time"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	testdb.Main(m, func(ctx context.Context, dsn string) error {
+		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+// The pipeline takes every seeded machine through every stage exactly once,
+// failures and backoff included.
+func TestPipelineCompletes(t *testing.T) {
+	dsn := testdb.New(t)
+	o := options{
+		dsn: dsn, machines: 30, concurrency: 4, workDuration: 5 * time.Millisecond,
+		failureRate: 0.3, interval: time.Second, timeout: time.Minute,
+		backoff: bmdb.Backoff{Initial: 20 * time.Millisecond, Maximum: 100 * time.Millisecond, Exponent: 2},
+	}
+	if err := run(context.Background(), o); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var complete, finished, failed, open int
+	err = db.QueryRow(`SELECT
+		(SELECT count(*) FROM machines m JOIN machine_provided USING (machine_id)
+		   JOIN machine_agent_started USING (machine_id) JOIN machine_os_installed USING (machine_id)),
+		(SELECT count(*) FROM work_history WHERE event = 'Finished'),
+		(SELECT count(*) FROM work_history WHERE event = 'Failed'),
+		(SELECT count(*) FROM work) + (SELECT count(*) FROM sessions)`).Scan(&complete, &finished, &failed, &open)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if complete != 30 || finished != 90 {
+		t.Errorf("%d machines complete and %d stages finished, want 30 and 90", complete, finished)
+	}
+	if failed == 0 {
+		t.Error("no simulated failure at a 30% failure rate")
+	}
+	if open != 0 {
+		t.Errorf("%d work or session rows left", open)
+	}
+	// No machine entered a stage before the previous one was done.
+	var early int
+	err = db.QueryRow(`SELECT count(*) FROM work_history h
+		JOIN machine_provided p USING (machine_id)
+		WHERE h.process = 'start-agent' AND h.event = 'Started' AND h.at < p.provided_at`).Scan(&early)
+	if err != nil || early != 0 {
+		t.Errorf("%d agent starts before the machine was provided (err %v)", early, err)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	good := options{dsn: "postgres://x", machines: 1, concurrency: 1, failureRate: 0.1, timeout: time.Second,
+		backoff: bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 2}}
+	if err := good.validate(); err != nil {
+		t.Fatalf("good options: %v", err)
+	}
+	for name, mod := range map[string]func(*options){
+		"dsn":          func(o *options) { o.dsn = "" },
+		"machines":     func(o *options) { o.machines = -1 },
+		"concurrency":  func(o *options) { o.concurrency = 0 },
+		"failure-rate": func(o *options) { o.failureRate = 1 },
+		"timeout":      func(o *options) { o.timeout = 0 },
+		"backoff":      func(o *options) { o.backoff.Initial = 0 },
+	} {
+		o := good
+		mod(&o)
+		if err := o.validate(); err == nil {
+			t.Errorf("bad %s accepted", name)
+		}
+	}
+}
