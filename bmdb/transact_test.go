@@ -73,9 +73,9 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 	s := e.session(c)
 
 	// Each doctor goes off call if someone else stays on call: serially,
-	// exactly one of them can. Both read before either writes, and alice
-	// commits before bob does, so bob's COMMIT is where PostgreSQL finds
-	// the write skew.
+	// exactly one of them can. Both read, then both write, then alice
+	// commits, then bob does: bob's COMMIT is where PostgreSQL finds the
+	// write skew.
 	read := map[string]chan struct{}{"alice": make(chan struct{}), "bob": make(chan struct{})}
 	aliceDone := make(chan struct{})
 	wait := func(ch chan struct{}) error {
@@ -113,13 +113,19 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 			return nil
 		})
 	}
+	bobWrote := make(chan struct{})
 	errs := make(chan error, 2)
 	go func() {
-		err := goOff("alice", "bob", nil)
+		err := goOff("alice", "bob", func() error { return wait(bobWrote) })
 		close(aliceDone)
 		errs <- err
 	}()
-	go func() { errs <- goOff("bob", "alice", func() error { return wait(aliceDone) }) }()
+	go func() {
+		errs <- goOff("bob", "alice", func() error {
+			close(bobWrote)
+			return wait(aliceDone)
+		})
+	}()
 	for range 2 {
 		if err := <-errs; err != nil {
 			t.Fatalf("Transact: %v", err)

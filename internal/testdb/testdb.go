@@ -28,6 +28,7 @@ const EnvDSN = "BMDB_TEST_DSN"
 var (
 	setup     func(ctx context.Context, dsn string) error
 	admin     *sql.DB
+	serverDSN string
 	cockroach bool
 	template  string
 	initOnce  sync.Once
@@ -65,22 +66,27 @@ func DSN(t testing.TB) string {
 // when t ends.
 func New(t testing.TB) string {
 	t.Helper()
-	if setup == nil {
-		t.Fatal("testdb: call testdb.Main from TestMain first")
-	}
 	connect(t)
-	name := fmt.Sprintf("bmdb_t%d_%d", os.Getpid(), counter.Add(1))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	if cockroach {
-		create(t, ctx, name, "")
-		if err := setup(ctx, WithDatabase(DSN(t), name)); err != nil {
-			t.Fatalf("testdb: migrating %s: %v", name, err)
-		}
-	} else {
-		create(t, ctx, name, template)
+	dsn, drop, err := create(true)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
 	}
-	return WithDatabase(DSN(t), name)
+	t.Cleanup(drop)
+	return dsn
+}
+
+// NewForExample is New for examples, which have no testing.TB: it returns
+// the DSN of a new database with the current schema and a function that
+// drops it, or panics.
+func NewForExample() (dsn string, drop func()) {
+	if err := connectDSN(os.Getenv(EnvDSN)); err != nil {
+		panic(err)
+	}
+	dsn, drop, err := create(true)
+	if err != nil {
+		panic(err)
+	}
+	return dsn, drop
 }
 
 // NewEmpty returns the DSN of a new database without any schema, dropped
@@ -88,11 +94,12 @@ func New(t testing.TB) string {
 func NewEmpty(t testing.TB) string {
 	t.Helper()
 	connect(t)
-	name := fmt.Sprintf("bmdb_e%d_%d", os.Getpid(), counter.Add(1))
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	create(t, ctx, name, "")
-	return WithDatabase(DSN(t), name)
+	dsn, drop, err := create(false)
+	if err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+	t.Cleanup(drop)
+	return dsn
 }
 
 // WithDatabase returns dsn (URL or key=value form) pointing at database name.
@@ -107,16 +114,27 @@ func WithDatabase(dsn, name string) string {
 	return dsn + " dbname=" + name
 }
 
-func create(t testing.TB, ctx context.Context, name, from string) {
-	t.Helper()
+// create makes a new database, with the schema if migrated, and returns its
+// DSN and a function that drops it.
+func create(migrated bool) (string, func(), error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := fmt.Sprintf("bmdb_t%d_%d", os.Getpid(), counter.Add(1))
 	stmt := "CREATE DATABASE " + pq.QuoteIdentifier(name)
-	if from != "" {
-		stmt += " TEMPLATE " + pq.QuoteIdentifier(from)
+	if migrated && !cockroach {
+		stmt += " TEMPLATE " + pq.QuoteIdentifier(template)
 	}
 	if _, err := admin.ExecContext(ctx, stmt); err != nil {
-		t.Fatalf("testdb: %s: %v", stmt, err)
+		return "", nil, fmt.Errorf("%s: %w", stmt, err)
 	}
-	t.Cleanup(func() { drop(name) })
+	dsn := WithDatabase(serverDSN, name)
+	if migrated && cockroach {
+		if err := setup(ctx, dsn); err != nil {
+			drop(name)
+			return "", nil, fmt.Errorf("migrating %s: %w", name, err)
+		}
+	}
+	return dsn, func() { drop(name) }, nil
 }
 
 func drop(name string) {
@@ -134,11 +152,21 @@ func drop(name string) {
 // connect connects to the server once per test binary, or fails t.
 func connect(t testing.TB) {
 	t.Helper()
-	dsn := DSN(t)
-	initOnce.Do(func() { initErr = initServer(dsn) })
-	if initErr != nil {
-		t.Fatalf("testdb: %v", initErr)
+	if setup == nil {
+		t.Fatal("testdb: call testdb.Main from TestMain first")
 	}
+	if err := connectDSN(DSN(t)); err != nil {
+		t.Fatalf("testdb: %v", err)
+	}
+}
+
+// connectDSN connects to the server at dsn once per test binary.
+func connectDSN(dsn string) error {
+	if dsn == "" {
+		return fmt.Errorf("%s is not set", EnvDSN)
+	}
+	initOnce.Do(func() { initErr = initServer(dsn) })
+	return initErr
 }
 
 // initServer connects to the server and, on PostgreSQL, builds the template.
@@ -155,6 +183,7 @@ func initServer(dsn string) error {
 		return fmt.Errorf("connecting to %s: %w", EnvDSN, err)
 	}
 	admin = db
+	serverDSN = dsn
 	cockroach = strings.Contains(version, "CockroachDB")
 	if cockroach {
 		return nil
