@@ -101,9 +101,9 @@ func (mg *migrator) version() (uint, bool, error) {
 	return v, dirty, nil
 }
 
-// check returns a *SchemaVersionError if the schema is dirty or newer than
-// this binary, or (when mustBeCurrent) older than it.
-func (mg *migrator) check(mustBeCurrent bool) error {
+// check returns a *SchemaVersionError if the schema is dirty, newer than
+// this binary, or older than it.
+func (mg *migrator) check() error {
 	v, dirty, err := mg.version()
 	if err != nil {
 		return err
@@ -114,7 +114,7 @@ func (mg *migrator) check(mustBeCurrent bool) error {
 		verr.Err = ErrSchemaDirty
 	case v > mg.latest:
 		verr.Err = ErrSchemaTooNew
-	case mustBeCurrent && v < mg.latest:
+	case v < mg.latest:
 		verr.Err = ErrSchemaTooOld
 	default:
 		return nil
@@ -122,15 +122,26 @@ func (mg *migrator) check(mustBeCurrent bool) error {
 	return verr
 }
 
-// up applies every migration newer than the schema.
+// up applies every migration newer than the schema. The dirty flag is
+// checked by golang-migrate under its lock: read before it, it may only mean
+// that another component is migrating right now.
 func (mg *migrator) up() error {
-	if err := mg.check(false); err != nil {
+	v, _, err := mg.version()
+	if err != nil {
 		return err
 	}
-	if err := mg.m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
-		return fmt.Errorf("bmdb: migrating up: %w", err)
+	if v > mg.latest {
+		return &SchemaVersionError{Err: ErrSchemaTooNew, Database: v, Binary: mg.latest}
 	}
-	return nil
+	err = mg.m.Up()
+	var dirty migrate.ErrDirty
+	switch {
+	case err == nil, errors.Is(err, migrate.ErrNoChange):
+		return nil
+	case errors.As(err, &dirty):
+		return &SchemaVersionError{Err: ErrSchemaDirty, Database: uint(dirty.Version), Binary: mg.latest, Dirty: true}
+	}
+	return fmt.Errorf("bmdb: migrating up: %w", err)
 }
 
 // down reverts every migration: all bmdb data is lost.
@@ -158,7 +169,7 @@ func migrateOnOpen(ctx context.Context, db *sql.DB, dsn string, eng engine, appl
 	if apply {
 		return mg.up()
 	}
-	return mg.check(true)
+	return mg.check()
 }
 
 // migrateLogger sends golang-migrate's log to klog.
