@@ -86,3 +86,41 @@ func (b Backoff) apply(ctx context.Context, tx *Tx, machine uuid.UUID, process, 
 	}
 	return nil
 }
+
+// ClearBackoff is an operator's override: it deletes the backoff of
+// (machine, process), so that the machine may be claimed at once and its next
+// failure starts again from Backoff.Initial, and records BackoffCleared with
+// reason in work_history under this session. It returns an error wrapping
+// ErrNoBackoff if there is none (expired backoffs count: their interval is
+// still remembered), and the errors of Transact.
+func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reason string) error {
+	if err := validateProcess(process); err != nil {
+		return err
+	}
+	reason = truncateCause(reason)
+	err := s.transact(ctx, func(tx *Tx) error {
+		n, err := tx.q.WorkBackoffDelete(ctx, model.WorkBackoffDeleteParams{MachineID: machine, Process: process})
+		if err != nil {
+			return fmt.Errorf("bmdb: clearing backoff of %q on %s: %w", process, machine, err)
+		}
+		if n == 0 {
+			return fmt.Errorf("%w: %q on %s", ErrNoBackoff, process, machine)
+		}
+		err = tx.q.WorkHistoryInsert(ctx, model.WorkHistoryInsertParams{
+			MachineID:     machine,
+			Process:       process,
+			SessionID:     s.id,
+			Event:         model.WorkHistoryEventBackoffCleared,
+			FailedCause:   sql.NullString{String: reason, Valid: reason != ""},
+			ComponentName: sql.NullString{String: s.conn.cfg.ComponentName, Valid: true},
+		})
+		if err != nil {
+			return fmt.Errorf("bmdb: recording cleared backoff: %w", err)
+		}
+		return nil
+	})
+	if err == nil {
+		s.conn.metrics.workEvent(process, model.WorkHistoryEventBackoffCleared)
+	}
+	return err
+}

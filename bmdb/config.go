@@ -78,6 +78,10 @@ type Config struct {
 	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
 	MaxOpenConns int
 
+	// Metrics receives the connection's Prometheus metrics (see
+	// NewMetrics). Defaults to nil: metrics are kept but exported nowhere.
+	Metrics *Metrics
+
 	// MaxIdleConns is the number of idle pooled connections kept (database/sql's
 	// SetMaxIdleConns). Must not be negative. Defaults to MaxIdleConnsDefault.
 	MaxIdleConns int

@@ -33,11 +33,12 @@ func (e engine) String() string {
 // it starts sessions. It is safe for concurrent use. Close it when done; it
 // does not close sessions, which must be closed first.
 type Connection struct {
-	cfg    Config
-	db     *sql.DB
-	engine engine
-	stats  counters
-	hooks  testHooks
+	cfg     Config
+	db      *sql.DB
+	engine  engine
+	stats   counters
+	metrics *componentMetrics
+	hooks   testHooks
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -91,7 +92,11 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	}
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxIdleConns)
-	c := &Connection{cfg: cfg, db: db}
+	metrics := cfg.Metrics
+	if metrics == nil {
+		metrics, _ = NewMetrics(nil) // cannot fail without a registerer
+	}
+	c := &Connection{cfg: cfg, db: db, metrics: metrics.forComponent(cfg.ComponentName)}
 	if err := c.setUp(ctx); err != nil {
 		db.Close()
 		return nil, err
@@ -102,14 +107,24 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 
 // setUp detects the engine and brings the schema to this binary's version.
 func (c *Connection) setUp(ctx context.Context) error {
+	eng, err := detectEngine(ctx, c.db, c.cfg.DSN)
+	if err != nil {
+		return err
+	}
+	c.engine = eng
+	return migrateOnOpen(ctx, c.db, c.cfg.DSN, c.engine, !c.cfg.SkipMigrations)
+}
+
+// detectEngine tells CockroachDB from PostgreSQL by SELECT version().
+func detectEngine(ctx context.Context, db *sql.DB, dsn string) (engine, error) {
 	var version string
-	if err := c.db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
-		return fmt.Errorf("bmdb: detecting database engine at %s: %w", redactDSN(c.cfg.DSN), redactError(err, c.cfg.DSN))
+	if err := db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
+		return 0, fmt.Errorf("bmdb: detecting database engine at %s: %w", redactDSN(dsn), redactError(err, dsn))
 	}
 	if strings.Contains(version, "CockroachDB") {
-		c.engine = engineCockroach
+		return engineCockroach, nil
 	}
-	return migrateOnOpen(ctx, c.db, c.cfg.DSN, c.engine, !c.cfg.SkipMigrations)
+	return enginePostgres, nil
 }
 
 // openDB returns a pool for dsn that has connected once within ctx.

@@ -48,6 +48,9 @@ var (
 	// in the machines table.
 	ErrUnknownMachine = errors.New("bmdb: unknown machine")
 
+	// ErrNoBackoff means ClearBackoff found no backoff to clear.
+	ErrNoBackoff = errors.New("bmdb: no backoff")
+
 	// ErrRetriesExhausted means a transaction kept failing with retryable
 	// serialization errors; it is wrapped by *RetriesExhaustedError.
 	ErrRetriesExhausted = errors.New("bmdb: transaction retries exhausted")

@@ -3,6 +3,8 @@ package bmdb
 import (
 	"context"
 	"fmt"
+
+	"github.com/bmdb-dev/bmdb/model"
 )
 
 // CollectGarbage deletes, in one transaction, every session whose deadline
@@ -16,16 +18,21 @@ import (
 func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 	grace := c.cfg.GCGracePeriod.Seconds()
 	var deleted int64
+	var abandoned []string
 	err := c.transact(ctx, func(tx *Tx) error {
-		if _, err := tx.q.WorkAbandonOfExpiredSessions(ctx, grace); err != nil {
+		var err error
+		abandoned, err = tx.q.WorkAbandonOfExpiredSessions(ctx, grace)
+		if err != nil {
 			return fmt.Errorf("bmdb: abandoning work of expired sessions: %w", err)
 		}
-		var err error
 		deleted, err = tx.q.SessionDeleteExpired(ctx, grace)
 		if err != nil {
 			return fmt.Errorf("bmdb: deleting expired sessions: %w", err)
 		}
 		return nil
 	})
+	if err == nil {
+		c.metrics.workEvents(abandoned, model.WorkHistoryEventAbandoned)
+	}
 	return deleted, err
 }

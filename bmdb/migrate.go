@@ -177,3 +177,75 @@ type migrateLogger struct{}
 
 func (migrateLogger) Printf(format string, v ...any) { klog.V(2).Infof("migrate: "+format, v...) }
 func (migrateLogger) Verbose() bool                  { return klog.V(2).Enabled() }
+
+// SchemaInfo describes a database's schema version against this binary's.
+type SchemaInfo struct {
+	Database uint // the version recorded in the database (0: none)
+	Binary   uint // the newest version embedded in this binary
+	Dirty    bool // a migration failed half-way
+}
+
+// withMigrator connects to dsn, detects the engine and runs fn with a
+// migrator; ctx bounds connecting.
+func withMigrator(ctx context.Context, dsn string, fn func(*migrator) error) error {
+	if dsn == "" {
+		return invalidArgument("DSN is empty")
+	}
+	db, err := openDB(ctx, dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	eng, err := detectEngine(ctx, db, dsn)
+	if err != nil {
+		return err
+	}
+	mg, err := newMigrator(ctx, db, dsn, eng)
+	if err != nil {
+		return err
+	}
+	defer mg.close()
+	return fn(mg)
+}
+
+// MigrateUp applies every embedded migration the database at dsn lacks, as
+// Open does. It returns a *SchemaVersionError for a dirty or too new schema.
+func MigrateUp(ctx context.Context, dsn string) error {
+	return withMigrator(ctx, dsn, func(mg *migrator) error { return mg.up() })
+}
+
+// MigrateDown reverts the newest steps migrations (steps > 0) of the
+// database at dsn. Data of what they created is lost.
+func MigrateDown(ctx context.Context, dsn string, steps int) error {
+	if steps <= 0 {
+		return invalidArgument("MigrateDown: steps is %d, must be positive", steps)
+	}
+	return withMigrator(ctx, dsn, func(mg *migrator) error {
+		v, dirty, err := mg.version()
+		if err != nil {
+			return err
+		}
+		if dirty || v > mg.latest {
+			return mg.check()
+		}
+		if uint(steps) > v {
+			return invalidArgument("MigrateDown: steps is %d, but the schema is at version %d", steps, v)
+		}
+		if err := mg.m.Steps(-steps); err != nil {
+			return fmt.Errorf("bmdb: migrating down %d steps: %w", steps, err)
+		}
+		return nil
+	})
+}
+
+// ReadSchemaInfo returns the schema version of the database at dsn and this
+// binary's, without changing anything.
+func ReadSchemaInfo(ctx context.Context, dsn string) (SchemaInfo, error) {
+	var info SchemaInfo
+	err := withMigrator(ctx, dsn, func(mg *migrator) error {
+		v, dirty, err := mg.version()
+		info = SchemaInfo{Database: v, Binary: mg.latest, Dirty: dirty}
+		return err
+	})
+	return info, err
+}

@@ -72,6 +72,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 		done:     make(chan struct{}),
 	}
 	s.setLocalDeadline(start.Add(s.interval))
+	c.metrics.sessionsStarted.Inc()
 	go s.heartbeat()
 	klog.V(1).Infof("bmdb: session %s of %q started (interval %v)", id, c.cfg.ComponentName, s.interval)
 	return s, nil
@@ -123,22 +124,29 @@ func (s *Session) Close(ctx context.Context) error {
 func (s *Session) release(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.interval)
 	defer cancel()
+	var event model.WorkHistoryEvent
+	var ended []string
 	err := s.conn.transact(ctx, func(tx *Tx) error {
-		event := model.WorkHistoryEventCanceled
+		event = model.WorkHistoryEventCanceled
 		if _, err := tx.q.SessionCheck(ctx, s.id); errors.Is(err, sql.ErrNoRows) {
 			event = model.WorkHistoryEventAbandoned
 		} else if err != nil {
 			return err
 		}
-		if _, err := tx.q.WorkEndSession(ctx, model.WorkEndSessionParams{Event: event, SessionID: s.id}); err != nil {
+		var err error
+		ended, err = tx.q.WorkEndSession(ctx, model.WorkEndSessionParams{
+			Event: event, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+		})
+		if err != nil {
 			return err
 		}
-		_, err := tx.q.SessionDelete(ctx, s.id)
+		_, err = tx.q.SessionDelete(ctx, s.id)
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("bmdb: deleting session %s: %w", s.id, err)
 	}
+	s.conn.metrics.workEvents(ended, event)
 	return nil
 }
 
@@ -215,6 +223,11 @@ func (s *Session) check(ctx context.Context, tx *Tx) error {
 // interval/2, runs GC every GCPeriod, and closes done when the session ends.
 func (s *Session) heartbeat() {
 	defer close(s.done)
+	defer func() {
+		if errors.Is(context.Cause(s.ctx), ErrSessionExpired) {
+			s.conn.metrics.sessionsExpired.Inc()
+		}
+	}()
 	poke := time.NewTimer(s.interval / 2)
 	defer poke.Stop()
 	gc := time.NewTimer(jitterGCPeriod(s.conn.cfg.GCPeriod))
@@ -254,6 +267,7 @@ func (s *Session) poke() error {
 		switch {
 		case err == nil && extended:
 			s.setLocalDeadline(start.Add(s.interval))
+			s.conn.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds())
 			return nil
 		case err == nil:
 			return fmt.Errorf("%w: deadline passed on the database clock", ErrSessionExpired)
@@ -261,6 +275,7 @@ func (s *Session) poke() error {
 			return context.Cause(s.ctx)
 		}
 		s.conn.stats.heartbeatFailures.Add(1)
+		s.conn.metrics.heartbeatFailures.Inc()
 		klog.Warningf("bmdb: session %s heartbeat attempt %d failed: %v", s.id, attempt, err)
 		wait := min(s.interval/20, time.Until(deadline))
 		if err := sleep(s.ctx, wait); err != nil {

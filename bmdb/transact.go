@@ -65,7 +65,7 @@ func (c *Connection) transactPostgres(ctx context.Context, fn func(*Tx) error) e
 		if err == nil || !isRetryable(err) {
 			return err
 		}
-		c.stats.txRetries.Add(1)
+		c.countRetry()
 		if attempt >= c.cfg.MaxTxAttempts {
 			return &RetriesExhaustedError{Attempts: attempt, Last: err}
 		}
@@ -77,7 +77,7 @@ func (c *Connection) transactPostgres(ctx context.Context, fn func(*Tx) error) e
 
 // attemptPostgres runs one whole transaction: BEGIN, fn, COMMIT.
 func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) error {
-	c.stats.txAttempts.Add(1)
+	c.countAttempt()
 	tx, err := c.db.BeginTx(ctx, serializable)
 	if err != nil {
 		return fmt.Errorf("bmdb: beginning transaction: %w", contextError(ctx, err))
@@ -101,9 +101,9 @@ func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) 
 	err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts-1), c.db, serializable,
 		func(tx *sql.Tx) error {
 			attempts++
-			c.stats.txAttempts.Add(1)
+			c.countAttempt()
 			if attempts > 1 {
-				c.stats.txRetries.Add(1)
+				c.countRetry()
 			}
 			return fn(newTx(tx))
 		})
@@ -112,6 +112,16 @@ func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) 
 		return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
 	}
 	return contextError(ctx, err)
+}
+
+func (c *Connection) countAttempt() {
+	c.stats.txAttempts.Add(1)
+	c.metrics.txAttempts.Inc()
+}
+
+func (c *Connection) countRetry() {
+	c.stats.txRetries.Add(1)
+	c.metrics.txRetries.Inc()
 }
 
 // retryDelay returns the jittered wait before retry number attempt (from 1).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -68,66 +69,82 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 	if retrieve == nil {
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
+	start := time.Now()
 	var machine uuid.UUID
+	var tookOver bool
 	err := s.transact(ctx, func(tx *Tx) error {
 		candidates, err := retrieve(tx)
 		if err != nil {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
 		}
-		machine, err = s.claimFirst(ctx, tx, process, candidates)
+		machine, tookOver, err = s.claimFirst(ctx, tx, process, candidates)
 		return err
 	})
+	metrics := s.conn.metrics
 	if err != nil {
+		if errors.Is(err, ErrWorkConflict) {
+			metrics.conflict(process)
+		}
 		return nil, err
 	}
+	if tookOver {
+		metrics.workEvent(process, model.WorkHistoryEventAbandoned)
+	}
+	metrics.workEvent(process, model.WorkHistoryEventStarted)
+	metrics.claimed(process, time.Since(start).Seconds())
 	return &Work{s: s, machine: machine, process: process}, nil
 }
 
-// claimFirst claims the first claimable candidate inside tx.
-func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, error) {
+// claimFirst claims the first claimable candidate inside tx, and reports
+// whether it took the claim over from an expired session.
+func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, bool, error) {
 	conflict := false
 	for _, machine := range candidates {
 		key := model.WorkClaimStateParams{MachineID: machine, Process: process}
 		state, err := tx.q.WorkClaimState(ctx, key)
 		if err != nil {
-			return uuid.Nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
+			return uuid.Nil, false, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
 		}
+		tookOver := false
 		switch {
 		case !state.MachineExists:
-			return uuid.Nil, fmt.Errorf("%w: retrieve returned %s for %q", ErrUnknownMachine, machine, process)
+			return uuid.Nil, false, fmt.Errorf("%w: retrieve returned %s for %q", ErrUnknownMachine, machine, process)
 		case state.InBackoff:
 			continue
 		case state.ClaimedLive:
 			conflict = true
 			continue
 		case state.Claimed:
-			if err := s.takeOver(ctx, tx, machine, process); err != nil {
-				return uuid.Nil, err
+			if tookOver, err = s.takeOver(ctx, tx, machine, process); err != nil {
+				return uuid.Nil, false, err
 			}
 		}
 		if err := s.start(ctx, tx, machine, process); err != nil {
-			return uuid.Nil, err
+			return uuid.Nil, false, err
 		}
-		return machine, nil
+		return machine, tookOver, nil
 	}
 	if conflict {
-		return uuid.Nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		return uuid.Nil, false, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
-	return uuid.Nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	return uuid.Nil, false, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
-// takeOver removes the claim of an expired session, recording Abandoned.
-func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
-	_, err := tx.q.WorkAbandonExpired(ctx, model.WorkAbandonExpiredParams{MachineID: machine, Process: process})
+// takeOver removes the claim of an expired session, recording Abandoned, and
+// reports whether there was one.
+func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (bool, error) {
+	n, err := tx.q.WorkAbandonExpired(ctx, model.WorkAbandonExpiredParams{MachineID: machine, Process: process})
 	if err != nil {
-		return fmt.Errorf("bmdb: Work(%q): taking over %s: %w", process, machine, err)
+		return false, fmt.Errorf("bmdb: Work(%q): taking over %s: %w", process, machine, err)
 	}
-	return nil
+	return n > 0, nil
 }
 
 // start inserts the claim and its Started history row.
 func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
-	_, err := tx.q.WorkStart(ctx, model.WorkStartParams{MachineID: machine, Process: process, SessionID: s.id})
+	_, err := tx.q.WorkStart(ctx, model.WorkStartParams{
+		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+	})
 	switch sqlState(err) {
 	case "":
 	case codeUniqueViolation:
@@ -154,7 +171,7 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 	if commit == nil {
 		return invalidArgument("Finish: commit is nil")
 	}
-	return w.end(ctx, "Finish", func(tx *Tx) error {
+	return w.end(ctx, model.WorkHistoryEventFinished, func(tx *Tx) error {
 		if err := w.endClaim(ctx, tx, model.WorkHistoryEventFinished, ""); err != nil {
 			return err
 		}
@@ -172,7 +189,7 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 // interrupted, e.g. on shutdown. It returns ErrWorkLost or ErrSessionExpired
 // if the claim was already gone.
 func (w *Work) Cancel(ctx context.Context) error {
-	return w.end(ctx, "Cancel", func(tx *Tx) error {
+	return w.end(ctx, model.WorkHistoryEventCanceled, func(tx *Tx) error {
 		return w.endClaim(ctx, tx, model.WorkHistoryEventCanceled, "")
 	})
 }
@@ -191,7 +208,7 @@ func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 		}
 	}
 	cause = truncateCause(cause)
-	return w.end(ctx, "Fail", func(tx *Tx) error {
+	err := w.end(ctx, model.WorkHistoryEventFailed, func(tx *Tx) error {
 		if err := w.endClaim(ctx, tx, model.WorkHistoryEventFailed, cause); err != nil {
 			return err
 		}
@@ -200,18 +217,26 @@ func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 		}
 		return backoff.apply(ctx, tx, w.machine, w.process, cause)
 	})
+	if err == nil && backoff != nil {
+		w.s.conn.metrics.backoff(w.process)
+	}
+	return err
 }
 
-// end runs one of Finish, Cancel and Fail at most once successfully.
-func (w *Work) end(ctx context.Context, op string, fn func(tx *Tx) error) error {
+// end runs one of Finish, Cancel and Fail, recording event, at most once
+// successfully.
+func (w *Work) end(ctx context.Context, event model.WorkHistoryEvent, fn func(tx *Tx) error) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
-		return fmt.Errorf("bmdb: %s of %q on %s: %w", op, w.process, w.machine, ErrWorkDone)
+		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.machine, event, ErrWorkDone)
 	}
 	err := w.s.transact(ctx, fn)
 	if err == nil || errors.Is(err, ErrWorkLost) || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed) {
 		w.ended = true
+	}
+	if err == nil {
+		w.s.conn.metrics.workEvent(w.process, event)
 	}
 	return err
 }
@@ -220,11 +245,12 @@ func (w *Work) end(ctx context.Context, op string, fn func(tx *Tx) error) error 
 // This is the fence: a session that lost its claim commits nothing.
 func (w *Work) endClaim(ctx context.Context, tx *Tx, event model.WorkHistoryEvent, cause string) error {
 	rows, err := tx.q.WorkEnd(ctx, model.WorkEndParams{
-		Event:       event,
-		FailedCause: sql.NullString{String: cause, Valid: cause != ""},
-		MachineID:   w.machine,
-		Process:     w.process,
-		SessionID:   w.s.id,
+		Event:         event,
+		FailedCause:   sql.NullString{String: cause, Valid: cause != ""},
+		MachineID:     w.machine,
+		Process:       w.process,
+		SessionID:     w.s.id,
+		ComponentName: w.s.conn.cfg.ComponentName,
 	})
 	if err != nil {
 		return fmt.Errorf("bmdb: ending %q on %s: %w", w.process, w.machine, err)

@@ -16,11 +16,12 @@ import (
 type WorkHistoryEvent string
 
 const (
-	WorkHistoryEventStarted   WorkHistoryEvent = "Started"
-	WorkHistoryEventFinished  WorkHistoryEvent = "Finished"
-	WorkHistoryEventCanceled  WorkHistoryEvent = "Canceled"
-	WorkHistoryEventFailed    WorkHistoryEvent = "Failed"
-	WorkHistoryEventAbandoned WorkHistoryEvent = "Abandoned"
+	WorkHistoryEventStarted        WorkHistoryEvent = "Started"
+	WorkHistoryEventFinished       WorkHistoryEvent = "Finished"
+	WorkHistoryEventCanceled       WorkHistoryEvent = "Canceled"
+	WorkHistoryEventFailed         WorkHistoryEvent = "Failed"
+	WorkHistoryEventAbandoned      WorkHistoryEvent = "Abandoned"
+	WorkHistoryEventBackoffCleared WorkHistoryEvent = "BackoffCleared"
 )
 
 func (e *WorkHistoryEvent) Scan(src interface{}) error {
@@ -58,6 +59,35 @@ func (ns NullWorkHistoryEvent) Value() (driver.Value, error) {
 	return string(ns.WorkHistoryEvent), nil
 }
 
+type ActiveBackoff struct {
+	MachineID       uuid.UUID
+	Process         string
+	Cause           string
+	Until           time.Time
+	IntervalSeconds float64
+	SecondsLeft     float64
+}
+
+type CurrentWork struct {
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
+	ComponentName string
+	StartedAt     time.Time
+	AgeSeconds    float64
+	Alive         bool
+}
+
+type LiveSession struct {
+	SessionID       uuid.UUID
+	ComponentName   string
+	RuntimeInfo     string
+	CreatedAt       time.Time
+	Deadline        time.Time
+	IntervalSeconds float64
+	SecondsLeft     float64
+}
+
 type Machine struct {
 	MachineID        uuid.UUID
 	MachineCreatedAt time.Time
@@ -79,6 +109,25 @@ type MachineProvided struct {
 	MachineID  uuid.UUID
 	Provider   string
 	ProvidedAt time.Time
+}
+
+type MachineStatus struct {
+	MachineID        uuid.UUID
+	MachineCreatedAt time.Time
+	Stage            string
+	LiveClaims       int64
+	ActiveBackoffs   int64
+}
+
+type ReadableHistory struct {
+	ID            int64
+	MachineID     uuid.UUID
+	Process       string
+	Event         string
+	SessionID     uuid.UUID
+	ComponentName string
+	At            time.Time
+	Cause         string
 }
 
 type Session struct {
@@ -106,11 +155,12 @@ type WorkBackoff struct {
 }
 
 type WorkHistory struct {
-	ID          int64
-	MachineID   uuid.UUID
-	Process     string
-	SessionID   uuid.UUID
-	Event       WorkHistoryEvent
-	At          time.Time
-	FailedCause sql.NullString
+	ID            int64
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
+	Event         WorkHistoryEvent
+	At            time.Time
+	FailedCause   sql.NullString
+	ComponentName sql.NullString
 }

@@ -22,8 +22,9 @@ WITH gone AS (
       )
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned'
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
 FROM gone
 `
 
@@ -43,7 +44,7 @@ func (q *Queries) WorkAbandonExpired(ctx context.Context, arg WorkAbandonExpired
 	return result.RowsAffected()
 }
 
-const workAbandonOfExpiredSessions = `-- name: WorkAbandonOfExpiredSessions :execrows
+const workAbandonOfExpiredSessions = `-- name: WorkAbandonOfExpiredSessions :many
 WITH gone AS (
     DELETE FROM work
     WHERE work.session_id IN (
@@ -52,20 +53,38 @@ WITH gone AS (
     )
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned'
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
 FROM gone
+RETURNING work_history.process
 `
 
 // WorkAbandonOfExpiredSessions removes the claims of every session whose
-// deadline passed more than grace_seconds ago, recording Abandoned history.
-// GC runs it right before SessionDeleteExpired, in the same transaction.
-func (q *Queries) WorkAbandonOfExpiredSessions(ctx context.Context, graceSeconds float64) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workAbandonOfExpiredSessions, graceSeconds)
+// deadline passed more than grace_seconds ago, recording Abandoned history,
+// and returns the process of each. GC runs it right before
+// SessionDeleteExpired, in the same transaction.
+func (q *Queries) WorkAbandonOfExpiredSessions(ctx context.Context, graceSeconds float64) ([]string, error) {
+	rows, err := q.db.QueryContext(ctx, workAbandonOfExpiredSessions, graceSeconds)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected()
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var process string
+		if err := rows.Scan(&process); err != nil {
+			return nil, err
+		}
+		items = append(items, process)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workClaimState = `-- name: WorkClaimState :one
@@ -119,22 +138,24 @@ func (q *Queries) WorkClaimState(ctx context.Context, arg WorkClaimStateParams) 
 const workEnd = `-- name: WorkEnd :execrows
 WITH ended AS (
     DELETE FROM work
-    WHERE work.machine_id = $3 AND work.process = $4
-      AND work.session_id = $5
+    WHERE work.machine_id = $4 AND work.process = $5
+      AND work.session_id = $6
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
 SELECT ended.machine_id, ended.process, ended.session_id,
-       $1::work_history_event, $2::TEXT
+       $1::work_history_event, $2::TEXT,
+       $3::TEXT
 FROM ended
 `
 
 type WorkEndParams struct {
-	Event       WorkHistoryEvent
-	FailedCause sql.NullString
-	MachineID   uuid.UUID
-	Process     string
-	SessionID   uuid.UUID
+	Event         WorkHistoryEvent
+	FailedCause   sql.NullString
+	ComponentName string
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
 }
 
 // WorkEnd removes the claim of (machine, process) only if the given session
@@ -145,6 +166,7 @@ func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error)
 	result, err := q.db.ExecContext(ctx, workEnd,
 		arg.Event,
 		arg.FailedCause,
+		arg.ComponentName,
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
@@ -155,29 +177,48 @@ func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error)
 	return result.RowsAffected()
 }
 
-const workEndSession = `-- name: WorkEndSession :execrows
+const workEndSession = `-- name: WorkEndSession :many
 WITH ended AS (
-    DELETE FROM work WHERE work.session_id = $2
+    DELETE FROM work WHERE work.session_id = $3
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event)
-SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
+       $2::TEXT
 FROM ended
+RETURNING work_history.process
 `
 
 type WorkEndSessionParams struct {
-	Event     WorkHistoryEvent
-	SessionID uuid.UUID
+	Event         WorkHistoryEvent
+	ComponentName string
+	SessionID     uuid.UUID
 }
 
 // WorkEndSession removes every claim of a session, recording the given event
-// (Canceled when the session closes cleanly, Abandoned when it had expired).
-func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workEndSession, arg.Event, arg.SessionID)
+// (Canceled when the session closes cleanly, Abandoned when it had expired),
+// and returns the process of each.
+func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) ([]string, error) {
+	rows, err := q.db.QueryContext(ctx, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected()
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var process string
+		if err := rows.Scan(&process); err != nil {
+			return nil, err
+		}
+		items = append(items, process)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workGet = `-- name: WorkGet :one
@@ -240,25 +281,32 @@ func (q *Queries) WorkListBySession(ctx context.Context, sessionID uuid.UUID) ([
 const workStart = `-- name: WorkStart :execrows
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
-    VALUES ($1, $2, $3)
+    VALUES ($2, $3, $4)
     RETURNING machine_id, process, session_id, started_at
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
+       $1::TEXT
 FROM claim
 `
 
 type WorkStartParams struct {
-	MachineID uuid.UUID
-	Process   string
-	SessionID uuid.UUID
+	ComponentName string
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
 }
 
 // WorkStart inserts the claim of (machine, process) for a session together
 // with its Started history row. A live claim makes it fail with a unique
 // violation.
 func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workStart, arg.MachineID, arg.Process, arg.SessionID)
+	result, err := q.db.ExecContext(ctx, workStart,
+		arg.ComponentName,
+		arg.MachineID,
+		arg.Process,
+		arg.SessionID,
+	)
 	if err != nil {
 		return 0, err
 	}

@@ -7,13 +7,14 @@ package model
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
 	"github.com/google/uuid"
 )
 
 const workHistoryForMachine = `-- name: WorkHistoryForMachine :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name FROM work_history
 WHERE machine_id = $1
 ORDER BY at, id
 `
@@ -36,6 +37,7 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 			&i.Event,
 			&i.At,
 			&i.FailedCause,
+			&i.ComponentName,
 		); err != nil {
 			return nil, err
 		}
@@ -51,7 +53,7 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 }
 
 const workHistoryForProcessSince = `-- name: WorkHistoryForProcessSince :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name FROM work_history
 WHERE process = $1 AND at >= $2
 ORDER BY at, id
 `
@@ -80,6 +82,116 @@ func (q *Queries) WorkHistoryForProcessSince(ctx context.Context, arg WorkHistor
 			&i.Event,
 			&i.At,
 			&i.FailedCause,
+			&i.ComponentName,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workHistoryInsert = `-- name: WorkHistoryInsert :exec
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
+VALUES ($1, $2, $3,
+        $4, $5, $6)
+`
+
+type WorkHistoryInsertParams struct {
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
+	Event         WorkHistoryEvent
+	FailedCause   sql.NullString
+	ComponentName sql.NullString
+}
+
+// WorkHistoryInsert records one event that is not part of a claim's life,
+// e.g. an operator's BackoffCleared.
+func (q *Queries) WorkHistoryInsert(ctx context.Context, arg WorkHistoryInsertParams) error {
+	_, err := q.db.ExecContext(ctx, workHistoryInsert,
+		arg.MachineID,
+		arg.Process,
+		arg.SessionID,
+		arg.Event,
+		arg.FailedCause,
+		arg.ComponentName,
+	)
+	return err
+}
+
+const workHistoryPrune = `-- name: WorkHistoryPrune :execrows
+DELETE FROM work_history
+WHERE id IN (
+    SELECT h.id FROM work_history h
+    WHERE h.at < now() - $1::FLOAT8 * INTERVAL '1 second'
+    ORDER BY h.at
+    LIMIT $2
+)
+`
+
+type WorkHistoryPruneParams struct {
+	OlderThanSeconds float64
+	BatchSize        int32
+}
+
+// WorkHistoryPrune deletes up to batch_size of the oldest history rows older
+// than older_than_seconds on the database clock. Retention calls it until it
+// deletes nothing, one transaction per batch.
+func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPruneParams) (int64, error) {
+	result, err := q.db.ExecContext(ctx, workHistoryPrune, arg.OlderThanSeconds, arg.BatchSize)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
+}
+
+const workHistoryRecentEvents = `-- name: WorkHistoryRecentEvents :many
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name FROM work_history
+WHERE process = $1 AND event = $2 AND at >= $3
+ORDER BY at DESC, id DESC
+LIMIT $4
+`
+
+type WorkHistoryRecentEventsParams struct {
+	Process  string
+	Event    WorkHistoryEvent
+	Since    time.Time
+	RowLimit int32
+}
+
+// WorkHistoryRecentEvents returns up to row_limit events of one kind for a
+// process since a time, newest first: an index range scan on
+// (process, event, at), e.g. the last hour of failures.
+func (q *Queries) WorkHistoryRecentEvents(ctx context.Context, arg WorkHistoryRecentEventsParams) ([]WorkHistory, error) {
+	rows, err := q.db.QueryContext(ctx, workHistoryRecentEvents,
+		arg.Process,
+		arg.Event,
+		arg.Since,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkHistory{}
+	for rows.Next() {
+		var i WorkHistory
+		if err := rows.Scan(
+			&i.ID,
+			&i.MachineID,
+			&i.Process,
+			&i.SessionID,
+			&i.Event,
+			&i.At,
+			&i.FailedCause,
+			&i.ComponentName,
 		); err != nil {
 			return nil, err
 		}

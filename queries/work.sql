@@ -30,8 +30,9 @@ WITH claim AS (
     VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id))
     RETURNING machine_id, process, session_id, started_at
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
+       sqlc.arg(component_name)::TEXT
 FROM claim;
 
 -- name: WorkAbandonExpired :execrows
@@ -47,8 +48,9 @@ WITH gone AS (
       )
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned'
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
 FROM gone;
 
 -- name: WorkEnd :execrows
@@ -62,26 +64,31 @@ WITH ended AS (
       AND work.session_id = sqlc.arg(session_id)
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
 SELECT ended.machine_id, ended.process, ended.session_id,
-       sqlc.arg(event)::work_history_event, sqlc.narg(failed_cause)::TEXT
+       sqlc.arg(event)::work_history_event, sqlc.narg(failed_cause)::TEXT,
+       sqlc.arg(component_name)::TEXT
 FROM ended;
 
--- name: WorkEndSession :execrows
+-- name: WorkEndSession :many
 -- WorkEndSession removes every claim of a session, recording the given event
--- (Canceled when the session closes cleanly, Abandoned when it had expired).
+-- (Canceled when the session closes cleanly, Abandoned when it had expired),
+-- and returns the process of each.
 WITH ended AS (
     DELETE FROM work WHERE work.session_id = sqlc.arg(session_id)
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event)
-SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event
-FROM ended;
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
+       sqlc.arg(component_name)::TEXT
+FROM ended
+RETURNING work_history.process;
 
--- name: WorkAbandonOfExpiredSessions :execrows
+-- name: WorkAbandonOfExpiredSessions :many
 -- WorkAbandonOfExpiredSessions removes the claims of every session whose
--- deadline passed more than grace_seconds ago, recording Abandoned history.
--- GC runs it right before SessionDeleteExpired, in the same transaction.
+-- deadline passed more than grace_seconds ago, recording Abandoned history,
+-- and returns the process of each. GC runs it right before
+-- SessionDeleteExpired, in the same transaction.
 WITH gone AS (
     DELETE FROM work
     WHERE work.session_id IN (
@@ -90,9 +97,11 @@ WITH gone AS (
     )
     RETURNING work.machine_id, work.process, work.session_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned'
-FROM gone;
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
+FROM gone
+RETURNING work_history.process;
 
 -- name: WorkGet :one
 -- WorkGet returns the claim of (machine, process), live or not.

@@ -1,0 +1,184 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// ClearBackoff lets a machine be claimed at once, restarts its backoff
+// growth, and is recorded in history under the operator's session.
+func TestClearBackoff(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	op := e.session(e.open(func(c *Config) { c.ComponentName = "bmdbctl" }))
+	m := e.machine()
+	ctx := context.Background()
+	w, _ := s.Work(ctx, "install", retrieveAll(m))
+	if err := w.Fail(ctx, &Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 2}, "disk"); err != nil {
+		t.Fatal(err)
+	}
+	if err := op.ClearBackoff(ctx, m, "install", "disk replaced"); err != nil {
+		t.Fatalf("ClearBackoff: %v", err)
+	}
+	if err := op.ClearBackoff(ctx, m, "install", "again"); !errors.Is(err, ErrNoBackoff) {
+		t.Errorf("second ClearBackoff = %v, want ErrNoBackoff", err)
+	}
+	if _, err := s.Work(ctx, "install", retrieveAll(m)); err != nil {
+		t.Fatalf("Work after ClearBackoff: %v", err)
+	}
+	rows, err := e.q.ReadableHistoryForMachine(ctx, model.ReadableHistoryForMachineParams{MachineID: m, RowLimit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for i := len(rows) - 1; i >= 0; i-- {
+		got = append(got, rows[i].Event+"/"+rows[i].ComponentName+"/"+rows[i].Cause)
+	}
+	if !slicesEqual(got, "Started/test/", "Failed/test/disk", "BackoffCleared/bmdbctl/disk replaced", "Started/test/") {
+		t.Errorf("readable history = %v", got)
+	}
+}
+
+// PruneHistory deletes only rows older than the period, in batches.
+func TestPruneHistory(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	m := e.machine()
+	e.exec(`INSERT INTO work_history (machine_id, process, session_id, event, at)
+		SELECT $1, 'install', gen_random_uuid(), 'Started', now() - (i * INTERVAL '1 hour')
+		FROM generate_series(1, 250) AS i`, m)
+	n, err := c.PruneHistory(context.Background(), 100*time.Hour+time.Minute, 40)
+	if err != nil || n != 150 {
+		t.Fatalf("PruneHistory = %d, %v; want 150", n, err)
+	}
+	if left := e.count("SELECT count(*) FROM work_history"); left != 100 {
+		t.Errorf("%d rows left, want 100", left)
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE at < now() - INTERVAL '100 hours 1 minute'"); n != 0 {
+		t.Errorf("%d old rows left", n)
+	}
+	for _, bad := range []struct {
+		older time.Duration
+		batch int
+	}{{0, 10}, {-time.Hour, 10}, {time.Hour, -1}} {
+		if _, err := c.PruneHistory(context.Background(), bad.older, bad.batch); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("PruneHistory(%v, %d) = %v", bad.older, bad.batch, err)
+		}
+	}
+}
+
+// The views answer the operator's questions, and the history lookups stay
+// index scans on a large table.
+func TestOperatorViewsAndIndexes(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	s := e.session(c)
+	ctx := context.Background()
+	m := e.machine()
+	w, _ := s.Work(ctx, "install", retrieveAll(m))
+	if err := w.Fail(ctx, &testBackoff, "no disk"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Work(ctx, "inventory", retrieveAll(m)); err != nil {
+		t.Fatal(err)
+	}
+	sessions, err := e.q.LiveSessionsList(ctx)
+	if err != nil || len(sessions) != 1 || sessions[0].SecondsLeft <= 0 || sessions[0].SecondsLeft > 1 {
+		t.Errorf("live_sessions = %+v, %v", sessions, err)
+	}
+	work, err := e.q.CurrentWorkForMachine(ctx, m)
+	if err != nil || len(work) != 1 || work[0].Process != "inventory" || work[0].ComponentName != "test" || !work[0].Alive {
+		t.Errorf("current_work = %+v, %v", work, err)
+	}
+	backoffs, err := e.q.ActiveBackoffsForMachine(ctx, m)
+	if err != nil || len(backoffs) != 1 || backoffs[0].Cause != "no disk" || backoffs[0].SecondsLeft <= 0 {
+		t.Errorf("active_backoffs = %+v, %v", backoffs, err)
+	}
+	status, err := e.q.MachineStatusGet(ctx, m)
+	if err != nil || status.Stage != "new" || status.LiveClaims != 1 || status.ActiveBackoffs != 1 {
+		t.Errorf("machine_status = %+v, %v", status, err)
+	}
+
+	// 50k history rows over 5000 machines and 5 processes, a month of them.
+	e.exec(`INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause)
+		SELECT md5((i % 5000)::TEXT)::UUID, 'p' || (i % 5)::TEXT, gen_random_uuid(),
+		       (CASE WHEN i % 7 = 0 THEN 'Failed' ELSE 'Finished' END)::work_history_event,
+		       now() - (i * INTERVAL '1 minute'), NULL
+		FROM generate_series(1, 50000) AS i`)
+	e.exec("ANALYZE work_history")
+	for _, tc := range []struct {
+		name, index, query string
+		args               []any
+	}{
+		{"history of one machine", "work_history_machine_idx",
+			"SELECT * FROM readable_history WHERE machine_id = $1 ORDER BY at DESC, id DESC LIMIT 100", []any{m}},
+		{"last hour of failures of a process", "work_history_process_idx|work_history_at_idx",
+			"SELECT * FROM work_history WHERE process = $1 AND event = 'Failed' AND at >= now() - INTERVAL '1 hour' ORDER BY at DESC LIMIT 100", []any{"p3"}},
+	} {
+		plan := explain(t, e, tc.query, tc.args...)
+		usesIndex := false
+		for _, index := range strings.Split(tc.index, "|") {
+			usesIndex = usesIndex || strings.Contains(plan, "using "+index) || strings.Contains(plan, "on "+index)
+		}
+		if !usesIndex || strings.Contains(plan, "Seq Scan on work_history") {
+			t.Errorf("%s does not use %s:\n%s", tc.name, tc.index, plan)
+		}
+		t.Logf("%s:\n%s", tc.name, plan)
+	}
+}
+
+func explain(t *testing.T, e *env, query string, args ...any) string {
+	t.Helper()
+	rows, err := e.db.Query("EXPLAIN "+query, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var line string
+		if err := rows.Scan(&line); err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(line + "\n")
+	}
+	return b.String()
+}
+
+// The exported migration functions: version, down, up.
+func TestExportedMigrations(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewEmpty(t)
+	ctx := context.Background()
+	info, err := ReadSchemaInfo(ctx, dsn)
+	if err != nil || info.Database != 0 || info.Binary < 3 {
+		t.Fatalf("ReadSchemaInfo on an empty database = %+v, %v", info, err)
+	}
+	if err := MigrateUp(ctx, dsn); err != nil {
+		t.Fatal(err)
+	}
+	if err := MigrateDown(ctx, dsn, 1); err != nil {
+		t.Fatalf("MigrateDown 1: %v", err)
+	}
+	if info, _ := ReadSchemaInfo(ctx, dsn); info.Database != info.Binary-1 {
+		t.Errorf("after one step down: %+v", info)
+	}
+	if err := MigrateDown(ctx, dsn, 0); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("MigrateDown 0 = %v", err)
+	}
+	if err := MigrateDown(ctx, dsn, 99); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("MigrateDown 99 = %v", err)
+	}
+	if err := MigrateUp(ctx, dsn); err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := ReadSchemaInfo(ctx, dsn); info.Database != info.Binary || info.Dirty {
+		t.Errorf("after up: %+v", info)
+	}
+}

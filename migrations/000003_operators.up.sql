@@ -1,0 +1,63 @@
+-- 000003_operators: what operators need to see the fleet in plain SQL.
+-- Adds work_history.component_name (so history stays readable after the
+-- session row is gone), the BackoffCleared event (operator override), an
+-- index for retention, and read-only views.
+--
+-- Compatibility: additive. Binaries built for 000001-000002 write history
+-- without component_name (the views fall back to the session row) and never
+-- write BackoffCleared; nothing they read changed.
+
+ALTER TABLE work_history ADD COLUMN component_name TEXT;
+ALTER TYPE work_history_event ADD VALUE IF NOT EXISTS 'BackoffCleared';
+
+-- Retention (bmdb.PruneHistory) deletes the oldest rows in batches.
+CREATE INDEX work_history_at_idx ON work_history (at);
+
+-- live_sessions: sessions alive on the database clock.
+CREATE VIEW live_sessions AS
+SELECT s.session_id, s.component_name, s.runtime_info, s.created_at, s.deadline,
+       s.interval_seconds,
+       EXTRACT(EPOCH FROM s.deadline - now())::FLOAT8 AS seconds_left
+FROM sessions s
+WHERE s.deadline > now();
+
+-- current_work: every claim with its holder and age; alive is false for a
+-- claim of an expired session, which the next Work takes over.
+CREATE VIEW current_work AS
+SELECT w.machine_id, w.process, w.session_id, s.component_name, w.started_at,
+       EXTRACT(EPOCH FROM now() - w.started_at)::FLOAT8 AS age_seconds,
+       (s.deadline > now()) AS alive
+FROM work w JOIN sessions s ON s.session_id = w.session_id;
+
+-- active_backoffs: (machine, process) pairs kept from being claimed now.
+CREATE VIEW active_backoffs AS
+SELECT b.machine_id, b.process, b.cause, b.until, b.interval_seconds,
+       EXTRACT(EPOCH FROM b.until - now())::FLOAT8 AS seconds_left
+FROM work_backoff b
+WHERE b.until > now();
+
+-- readable_history: work_history with the component of each step.
+CREATE VIEW readable_history AS
+SELECT h.id, h.machine_id, h.process, h.event::TEXT AS event, h.session_id,
+       COALESCE(h.component_name, s.component_name, '') AS component_name,
+       h.at, COALESCE(h.failed_cause, '') AS cause
+FROM work_history h LEFT JOIN sessions s ON s.session_id = h.session_id;
+
+-- machine_status: each machine's stage in the example pipeline (the
+-- furthest tag it has), its live claims and its active backoffs.
+CREATE VIEW machine_status AS
+SELECT m.machine_id, m.machine_created_at,
+       CASE
+           WHEN o.machine_id IS NOT NULL THEN 'os-installed'
+           WHEN a.machine_id IS NOT NULL THEN 'agent-started'
+           WHEN p.machine_id IS NOT NULL THEN 'provided'
+           ELSE 'new'
+       END AS stage,
+       (SELECT count(*) FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.machine_id = m.machine_id AND s.deadline > now()) AS live_claims,
+       (SELECT count(*) FROM work_backoff b
+        WHERE b.machine_id = m.machine_id AND b.until > now()) AS active_backoffs
+FROM machines m
+LEFT JOIN machine_provided p ON p.machine_id = m.machine_id
+LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
+LEFT JOIN machine_os_installed o ON o.machine_id = m.machine_id;

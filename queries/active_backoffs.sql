@@ -1,0 +1,12 @@
+-- name: ActiveBackoffsList :many
+-- ActiveBackoffsList returns up to row_limit backoffs in force, soonest to
+-- end first, of one process or (process NULL) of all.
+SELECT * FROM active_backoffs
+WHERE sqlc.narg(process)::TEXT IS NULL OR process = sqlc.narg(process)::TEXT
+ORDER BY until, machine_id, process
+LIMIT sqlc.arg(row_limit);
+
+-- name: ActiveBackoffsForMachine :many
+-- ActiveBackoffsForMachine returns a machine's backoffs in force.
+SELECT * FROM active_backoffs WHERE machine_id = sqlc.arg(machine_id)
+ORDER BY until, process;
