@@ -18,6 +18,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -27,6 +29,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
@@ -43,6 +47,7 @@ type options struct {
 	interval     time.Duration
 	timeout      time.Duration
 	backoff      bmdb.Backoff
+	metricsAddr  string
 }
 
 func main() {
@@ -57,6 +62,7 @@ func main() {
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up if the pipeline has not completed by then")
 	flag.DurationVar(&o.backoff.Initial, "backoff-initial", 100*time.Millisecond, "first backoff after a failure")
 	flag.DurationVar(&o.backoff.Maximum, "backoff-max", 2*time.Second, "longest backoff")
+	flag.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9100 (default: off)")
 	flag.Parse()
 	o.backoff.Exponent, o.backoff.Jitter = 2, 0.2
 
@@ -135,6 +141,12 @@ func run(ctx context.Context, o options) error {
 	host, _ := os.Hostname()
 	runtimeInfo := fmt.Sprintf("worker-example on %s, pid %d", host, os.Getpid())
 
+	metrics, stopMetrics, err := serveMetrics(o.metricsAddr)
+	if err != nil {
+		return err
+	}
+	defer stopMetrics()
+
 	var conns []*bmdb.Connection
 	defer func() {
 		for _, c := range conns {
@@ -143,7 +155,10 @@ func run(ctx context.Context, o options) error {
 	}()
 	var loops []*worker.Loop
 	for _, st := range stages {
-		conn, err := bmdb.Open(ctx, bmdb.Config{DSN: o.dsn, ComponentName: st.component, RuntimeInfo: runtimeInfo, SessionInterval: o.interval})
+		conn, err := bmdb.Open(ctx, bmdb.Config{
+			DSN: o.dsn, ComponentName: st.component, RuntimeInfo: runtimeInfo,
+			SessionInterval: o.interval, Metrics: metrics,
+		})
 		if err != nil {
 			return err
 		}
@@ -188,6 +203,26 @@ func run(ctx context.Context, o options) error {
 	}
 	fmt.Printf("\nall %d machines passed every stage in %.1fs\n\n", done, time.Since(start).Seconds())
 	return summary(context.WithoutCancel(ctx), q)
+}
+
+// serveMetrics serves a registry of bmdb metrics on addr ("" serves
+// nothing) and returns the metrics and a function that stops the server.
+func serveMetrics(addr string) (*bmdb.Metrics, func(), error) {
+	reg := prometheus.NewRegistry()
+	metrics, err := bmdb.NewMetrics(reg)
+	if err != nil || addr == "" {
+		return metrics, func() {}, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	fmt.Printf("metrics on http://%s/metrics\n", ln.Addr())
+	return metrics, func() { srv.Close() }, nil
 }
 
 // seed inserts n machines and returns queries on the database, read outside

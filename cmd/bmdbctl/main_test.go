@@ -1,0 +1,292 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+var binary string // the bmdbctl built for the tests
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "bmdbctl-test")
+	if err != nil {
+		panic(err)
+	}
+	binary = filepath.Join(dir, "bmdbctl")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "building bmdbctl: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	defer os.RemoveAll(dir)
+	testdb.Main(m, func(ctx context.Context, dsn string) error {
+		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+// ctl runs the binary with BMDB_DSN=dsn and returns stdout, stderr and the
+// exit status.
+func ctl(t *testing.T, dsn string, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "BMDB_DSN="+dsn)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	code := 0
+	if exit, ok := err.(*exec.ExitError); ok {
+		code = exit.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return stdout.String(), stderr.String(), code
+}
+
+// ok runs the binary and fails the test unless it succeeds.
+func ok(t *testing.T, dsn string, args ...string) string {
+	t.Helper()
+	out, errOut, code := ctl(t, dsn, args...)
+	if code != 0 {
+		t.Fatalf("bmdbctl %v: exit %d: %s", args, code, errOut)
+	}
+	return out
+}
+
+// fleet is a seeded database: machine busy is claimed by a live
+// "os-installer" session, machine failed is in backoff for install-os.
+type fleet struct {
+	dsn          string
+	busy, failed uuid.UUID
+	sess         *bmdb.Session
+}
+
+func seed(t *testing.T) fleet {
+	t.Helper()
+	t.Parallel()
+	ctx := context.Background()
+	f := fleet{dsn: testdb.New(t)}
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: f.dsn, ComponentName: "os-installer", SessionInterval: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	f.sess, err = conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.sess.Close(ctx) })
+	q := model.New(conn.DB())
+	f.busy, _ = q.MachineCreate(ctx)
+	f.failed, _ = q.MachineCreate(ctx)
+	if err := q.MachineProvidedInsert(ctx, model.MachineProvidedInsertParams{MachineID: f.busy, Provider: "dc1"}); err != nil {
+		t.Fatal(err)
+	}
+	one := func(id uuid.UUID) func(*bmdb.Tx) ([]uuid.UUID, error) {
+		return func(*bmdb.Tx) ([]uuid.UUID, error) { return []uuid.UUID{id}, nil }
+	}
+	if _, err := f.sess.Work(ctx, "install-os", one(f.busy)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := f.sess.Work(ctx, "install-os", one(f.failed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Fail(ctx, &bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 2}, "PXE timeout"); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestSessionsWorkBackoffs(t *testing.T) {
+	f := seed(t)
+	out := ok(t, f.dsn, "sessions")
+	if !strings.Contains(out, f.sess.ID().String()) || !strings.Contains(out, "os-installer") {
+		t.Errorf("sessions:\n%s", out)
+	}
+	out = ok(t, f.dsn, "work", "--process", "install-os")
+	if !strings.Contains(out, f.busy.String()) || strings.Contains(out, f.failed.String()) || !strings.Contains(out, "true") {
+		t.Errorf("work:\n%s", out)
+	}
+	if out := ok(t, f.dsn, "work", "--process", "provide"); !strings.Contains(out, "(none)") {
+		t.Errorf("work --process provide:\n%s", out)
+	}
+	out = ok(t, f.dsn, "backoffs")
+	if !strings.Contains(out, f.failed.String()) || !strings.Contains(out, "PXE timeout") {
+		t.Errorf("backoffs:\n%s", out)
+	}
+	var backoffs []backoffRecord
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "--json", "backoffs")), &backoffs); err != nil {
+		t.Fatal(err)
+	}
+	if len(backoffs) != 1 || backoffs[0].MachineID != f.failed || backoffs[0].SecondsLeft < 3500 || backoffs[0].IntervalSeconds != 3600 {
+		t.Errorf("backoffs --json = %+v", backoffs)
+	}
+	var sessions []sessionRecord
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "sessions", "--json")), &sessions); err != nil || len(sessions) != 1 || sessions[0].SecondsLeft <= 0 {
+		t.Errorf("sessions --json = %+v, %v", sessions, err)
+	}
+}
+
+func TestMachinesAndMachine(t *testing.T) {
+	f := seed(t)
+	var machines []machineRecord
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--json")), &machines); err != nil || len(machines) != 2 {
+		t.Fatalf("machines --json = %+v, %v", machines, err)
+	}
+	out := ok(t, f.dsn, "machines", "--stage", "provided")
+	if !strings.Contains(out, f.busy.String()) || strings.Contains(out, f.failed.String()) {
+		t.Errorf("machines --stage provided:\n%s", out)
+	}
+	// Keyset pagination: the page after the first machine holds the second.
+	first, second := machines[0].MachineID, machines[1].MachineID
+	out = ok(t, f.dsn, "machines", "--after", first.String())
+	if strings.Contains(out, first.String()) || !strings.Contains(out, second.String()) {
+		t.Errorf("machines --after:\n%s", out)
+	}
+	// One call answers what the machine is doing, who holds it, since when.
+	out = ok(t, f.dsn, "machine", f.busy.String())
+	for _, want := range []string{"stage provided", "install-os", "os-installer", f.sess.ID().String(), "Started"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("machine output lacks %q:\n%s", want, out)
+		}
+	}
+	out = ok(t, f.dsn, "machine", f.failed.String())
+	if !strings.Contains(out, "PXE timeout") || !strings.Contains(out, "Failed") {
+		t.Errorf("machine (failed):\n%s", out)
+	}
+	if _, errOut, code := ctl(t, f.dsn, "machine", uuid.NewString()); code != 1 || !strings.Contains(errOut, "no machine") {
+		t.Errorf("machine of an unknown id: exit %d, %s", code, errOut)
+	}
+}
+
+func TestHistoryAndBackoffClear(t *testing.T) {
+	f := seed(t)
+	out := ok(t, f.dsn, "history", "--machine", f.failed.String())
+	started, failed := strings.Index(out, "Started"), strings.Index(out, "Failed")
+	if started < 0 || failed < started || !strings.Contains(out, "os-installer") {
+		t.Errorf("history, oldest first:\n%s", out)
+	}
+	if out := ok(t, f.dsn, "history", "--machine", f.failed.String(), "--process", "provide"); !strings.Contains(out, "(none)") {
+		t.Errorf("history --process provide:\n%s", out)
+	}
+	if out := ok(t, f.dsn, "history", "--machine", f.failed.String(), "--since", "1h"); !strings.Contains(out, "Failed") {
+		t.Errorf("history --since 1h:\n%s", out)
+	}
+	ok(t, f.dsn, "backoff", "clear", "--machine", f.failed.String(), "--process", "install-os", "--reason", "PXE fixed")
+	if out := ok(t, f.dsn, "backoffs"); strings.Contains(out, f.failed.String()) {
+		t.Errorf("backoff still listed after clear:\n%s", out)
+	}
+	var history []historyRecord
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "history", "--machine", f.failed.String(), "--json")), &history); err != nil {
+		t.Fatal(err)
+	}
+	last := history[len(history)-1]
+	if last.Event != "BackoffCleared" || last.Cause != "PXE fixed" || last.Component != "bmdbctl" {
+		t.Errorf("last history event = %+v", last)
+	}
+	if _, errOut, code := ctl(t, f.dsn, "backoff", "clear", "--machine", f.failed.String(), "--process", "install-os"); code != 1 || !strings.Contains(errOut, "no backoff") {
+		t.Errorf("clearing twice: exit %d, %s", code, errOut)
+	}
+	// Prune: nothing is older than an hour; everything is older than a few
+	// milliseconds.
+	if out := ok(t, f.dsn, "history", "prune", "--older-than", "1h"); !strings.Contains(out, "0") {
+		t.Errorf("prune 1h:\n%s", out)
+	}
+	time.Sleep(20 * time.Millisecond) // let the database clock pass the last event
+	var pruned []struct{ Deleted int64 }
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "history", "prune", "--older-than", "10ms", "--batch", "2", "--json")), &pruned); err != nil || len(pruned) != 1 || pruned[0].Deleted != int64(len(history)+1) {
+		t.Errorf("prune 10ms = %+v, %v (history had %d rows of one machine, +1 of the busy one)", pruned, err, len(history))
+	}
+}
+
+func TestMigrateAndGC(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewEmpty(t)
+	if out := ok(t, dsn, "migrate", "version"); !strings.Contains(out, "0 ") {
+		t.Errorf("version of an empty database:\n%s", out)
+	}
+	if _, errOut, code := ctl(t, dsn, "sessions"); code != 1 || !strings.Contains(errOut, "older than this binary") {
+		t.Errorf("sessions on an unmigrated database: exit %d, %s", code, errOut)
+	}
+	ok(t, dsn, "migrate", "up")
+	out := ok(t, dsn, "migrate", "down", "--steps", "1", "--json")
+	if !strings.Contains(out, `"database_version": 2`) {
+		t.Errorf("migrate down:\n%s", out)
+	}
+	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, `"database_version": 3`) {
+		t.Errorf("migrate up:\n%s", out)
+	}
+	// gc deletes a session expired long ago.
+	ctx := context.Background()
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "dead"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	if _, err := conn.DB().Exec("UPDATE sessions SET deadline = now() - INTERVAL '1 hour' WHERE session_id = $1", sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+	if out := ok(t, dsn, "gc", "--json"); !strings.Contains(out, `"sessions_deleted": 1`) {
+		t.Errorf("gc:\n%s", out)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	dsn := "postgres://bmdb:s3cret@127.0.0.1:1/bmdb?sslmode=disable&connect_timeout=2"
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"history"}, 2, "--machine is required"},
+		{[]string{"history", "--machine", "12345"}, 2, "not a machine id"},
+		{[]string{"machine", "not-a-uuid"}, 2, "not a machine id"},
+		{[]string{"machines", "--stage", "flying"}, 2, "not one of"},
+		{[]string{"machines", "--after", "x"}, 2, "not a machine id"},
+		{[]string{"work", "--limit", "0"}, 2, "--limit"},
+		{[]string{"work", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"backoff", "clear", "--machine", uuid.NewString()}, 2, "--process is required"},
+		{[]string{"backoff", "reset"}, 2, "clear"},
+		{[]string{"migrate", "sideways"}, 2, "up, down or version"},
+		{[]string{"history", "prune"}, 2, "--older-than"},
+		{[]string{"sessions"}, 1, "127.0.0.1:1"}, // unreachable: a failure, not a usage error
+	} {
+		out, errOut, code := ctl(t, dsn, tc.args...)
+		if code != tc.code || !strings.Contains(errOut, tc.want) {
+			t.Errorf("bmdbctl %v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, errOut, tc.code, tc.want)
+		}
+		if strings.Contains(out+errOut, "s3cret") {
+			t.Errorf("bmdbctl %v printed the password: %s%s", tc.args, out, errOut)
+		}
+	}
+	if _, errOut, code := ctl(t, "", "sessions"); code != 2 || !strings.Contains(errOut, "BMDB_DSN") {
+		t.Errorf("no DSN: exit %d, %s", code, errOut)
+	}
+	if out, _, code := ctl(t, "", "help"); code != 0 || !strings.Contains(out, "history") {
+		t.Errorf("help: exit %d\n%s", code, out)
+	}
+}
