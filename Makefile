@@ -16,10 +16,14 @@ GO_TEST := go test -race -count=1 -timeout 20m ./...
 
 all: check
 
+# DEMO_FLAGS: the demo serves its fleet pages on a free local port (the URL
+# is printed first) and works slowly enough, ~20 s, to watch machines move.
+DEMO_FLAGS ?= --http-addr 127.0.0.1:0 --work-duration 600ms
+
 ## demo: run the example worker fleet against a throwaway local PostgreSQL
 ## (or the database in BMDB_DSN).
 demo:
-	scripts/with-pg BMDB_DSN go run ./cmd/worker-example
+	scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 
 ## test: run every test with the race detector against a throwaway
 ## PostgreSQL (or the server in BMDB_TEST_DSN).
@@ -43,6 +47,12 @@ lint: $(STATICCHECK)
 
 ## check: everything CI checks.
 check: verify lint test
+
+## bench: the quick benchmarks (a few minutes: floor vs bmdb vs River, scale,
+## contention, go test -bench) against a throwaway PostgreSQL (or the one in
+## BMDB_DSN). The full run is in bench/README.md.
+bench:
+	scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick && BMDB_TEST_DSN="$$BMDB_DSN" go test -run "^$$" -bench . -benchtime 300x'
 
 $(SQLC):
 	mkdir -p $(BIN)/sqlc.tmp

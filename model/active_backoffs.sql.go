@@ -12,6 +12,40 @@ import (
 	"github.com/google/uuid"
 )
 
+const activeBackoffCountsByProcess = `-- name: ActiveBackoffCountsByProcess :many
+SELECT process, count(*) AS backoffs FROM active_backoffs
+GROUP BY process ORDER BY process
+`
+
+type ActiveBackoffCountsByProcessRow struct {
+	Process  string `json:"process"`
+	Backoffs int64  `json:"backoffs"`
+}
+
+// ActiveBackoffCountsByProcess counts backoffs in force per process.
+func (q *Queries) ActiveBackoffCountsByProcess(ctx context.Context) ([]ActiveBackoffCountsByProcessRow, error) {
+	rows, err := q.db.QueryContext(ctx, activeBackoffCountsByProcess)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ActiveBackoffCountsByProcessRow{}
+	for rows.Next() {
+		var i ActiveBackoffCountsByProcessRow
+		if err := rows.Scan(&i.Process, &i.Backoffs); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const activeBackoffsForMachine = `-- name: ActiveBackoffsForMachine :many
 SELECT machine_id, process, cause, until, interval_seconds, seconds_left FROM active_backoffs WHERE machine_id = $1
 ORDER BY until, process
@@ -56,8 +90,8 @@ LIMIT $2
 `
 
 type ActiveBackoffsListParams struct {
-	Process  sql.NullString
-	RowLimit int32
+	Process  sql.NullString `json:"process"`
+	RowLimit int32          `json:"row_limit"`
 }
 
 // ActiveBackoffsList returns up to row_limit backoffs in force, soonest to

@@ -12,6 +12,40 @@ import (
 	"github.com/google/uuid"
 )
 
+const currentWorkCountsByProcess = `-- name: CurrentWorkCountsByProcess :many
+SELECT process, count(*) AS claims FROM current_work WHERE alive
+GROUP BY process ORDER BY process
+`
+
+type CurrentWorkCountsByProcessRow struct {
+	Process string `json:"process"`
+	Claims  int64  `json:"claims"`
+}
+
+// CurrentWorkCountsByProcess counts live claims per process.
+func (q *Queries) CurrentWorkCountsByProcess(ctx context.Context) ([]CurrentWorkCountsByProcessRow, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkCountsByProcess)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWorkCountsByProcessRow{}
+	for rows.Next() {
+		var i CurrentWorkCountsByProcessRow
+		if err := rows.Scan(&i.Process, &i.Claims); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const currentWorkForMachine = `-- name: CurrentWorkForMachine :many
 SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work WHERE machine_id = $1
 ORDER BY started_at, process
@@ -49,6 +83,43 @@ func (q *Queries) CurrentWorkForMachine(ctx context.Context, machineID uuid.UUID
 	return items, nil
 }
 
+const currentWorkForSession = `-- name: CurrentWorkForSession :many
+SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work WHERE session_id = $1
+ORDER BY started_at, machine_id, process
+`
+
+// CurrentWorkForSession returns a session's claims.
+func (q *Queries) CurrentWorkForSession(ctx context.Context, sessionID uuid.UUID) ([]CurrentWork, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkForSession, sessionID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWork{}
+	for rows.Next() {
+		var i CurrentWork
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.Process,
+			&i.SessionID,
+			&i.ComponentName,
+			&i.StartedAt,
+			&i.AgeSeconds,
+			&i.Alive,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const currentWorkList = `-- name: CurrentWorkList :many
 SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work
 WHERE $1::TEXT IS NULL OR process = $1::TEXT
@@ -57,8 +128,8 @@ LIMIT $2
 `
 
 type CurrentWorkListParams struct {
-	Process  sql.NullString
-	RowLimit int32
+	Process  sql.NullString `json:"process"`
+	RowLimit int32          `json:"row_limit"`
 }
 
 // CurrentWorkList returns up to row_limit claims, oldest first, of one

@@ -16,8 +16,8 @@ INSERT INTO machine_agent_started (machine_id, agent_version) VALUES ($1, $2)
 `
 
 type MachineAgentStartedInsertParams struct {
-	MachineID    uuid.UUID
-	AgentVersion string
+	MachineID    uuid.UUID `json:"machine_id"`
+	AgentVersion string    `json:"agent_version"`
 }
 
 // MachineAgentStartedInsert tags a machine's agent as started (the

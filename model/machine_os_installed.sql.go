@@ -16,8 +16,8 @@ INSERT INTO machine_os_installed (machine_id, os_image) VALUES ($1, $2)
 `
 
 type MachineOSInstalledInsertParams struct {
-	MachineID uuid.UUID
-	OsImage   string
+	MachineID uuid.UUID `json:"machine_id"`
+	OsImage   string    `json:"os_image"`
 }
 
 // MachineOSInstalledInsert tags a machine as having its OS installed (the
@@ -38,12 +38,12 @@ SELECT
 `
 
 type MachineStageCountsRow struct {
-	Machines     int64
-	Provided     int64
-	AgentStarted int64
-	OsInstalled  int64
-	InFlight     int64
-	BackedOff    int64
+	Machines     int64 `json:"machines"`
+	Provided     int64 `json:"provided"`
+	AgentStarted int64 `json:"agent_started"`
+	OsInstalled  int64 `json:"os_installed"`
+	InFlight     int64 `json:"in_flight"`
+	BackedOff    int64 `json:"backed_off"`
 }
 
 // MachineStageCounts returns the example pipeline's progress: machines in

@@ -16,8 +16,8 @@ INSERT INTO machine_provided (machine_id, provider) VALUES ($1, $2)
 `
 
 type MachineProvidedInsertParams struct {
-	MachineID uuid.UUID
-	Provider  string
+	MachineID uuid.UUID `json:"machine_id"`
+	Provider  string    `json:"provider"`
 }
 
 // MachineProvidedInsert tags a machine as provided (the example's first

@@ -18,8 +18,8 @@ GROUP BY stage ORDER BY stage
 `
 
 type MachineStatusCountsRow struct {
-	Stage    string
-	Machines int64
+	Stage    string `json:"stage"`
+	Machines int64  `json:"machines"`
 }
 
 // MachineStatusCounts counts machines per stage.
@@ -33,6 +33,68 @@ func (q *Queries) MachineStatusCounts(ctx context.Context) ([]MachineStatusCount
 	for rows.Next() {
 		var i MachineStatusCountsRow
 		if err := rows.Scan(&i.Stage, &i.Machines); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const machineStatusFilter = `-- name: MachineStatusFilter :many
+SELECT ms.machine_id, ms.machine_created_at, ms.stage, ms.live_claims, ms.active_backoffs FROM machine_status ms
+WHERE ms.machine_id > $1
+  AND ($2::TEXT IS NULL OR ms.stage = $2::TEXT)
+  AND ($3::TEXT IS NULL OR EXISTS (
+        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.machine_id = ms.machine_id AND w.process = $3::TEXT
+          AND s.deadline > now()))
+  AND ($4::TEXT IS NULL OR EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = ms.machine_id AND b.process = $4::TEXT
+          AND b.until > now()))
+ORDER BY ms.machine_id
+LIMIT $5
+`
+
+type MachineStatusFilterParams struct {
+	AfterID        uuid.UUID      `json:"after_id"`
+	Stage          sql.NullString `json:"stage"`
+	WorkingProcess sql.NullString `json:"working_process"`
+	BackoffProcess sql.NullString `json:"backoff_process"`
+	RowLimit       int32          `json:"row_limit"`
+}
+
+// MachineStatusFilter returns up to row_limit machines after after_id in
+// machine_id order (keyset pagination), optionally only those at stage, with
+// live work of working_process, or in backoff for backoff_process.
+func (q *Queries) MachineStatusFilter(ctx context.Context, arg MachineStatusFilterParams) ([]MachineStatus, error) {
+	rows, err := q.db.QueryContext(ctx, machineStatusFilter,
+		arg.AfterID,
+		arg.Stage,
+		arg.WorkingProcess,
+		arg.BackoffProcess,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []MachineStatus{}
+	for rows.Next() {
+		var i MachineStatus
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.MachineCreatedAt,
+			&i.Stage,
+			&i.LiveClaims,
+			&i.ActiveBackoffs,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -73,9 +135,9 @@ LIMIT $3
 `
 
 type MachineStatusListParams struct {
-	AfterID  uuid.UUID
-	Stage    sql.NullString
-	RowLimit int32
+	AfterID  uuid.UUID      `json:"after_id"`
+	Stage    sql.NullString `json:"stage"`
+	RowLimit int32          `json:"row_limit"`
 }
 
 // MachineStatusList returns up to row_limit machines with their stage, in
@@ -108,4 +170,43 @@ func (q *Queries) MachineStatusList(ctx context.Context, arg MachineStatusListPa
 		return nil, err
 	}
 	return items, nil
+}
+
+const machineTagsGet = `-- name: MachineTagsGet :one
+SELECT m.machine_id,
+       p.provider, p.provided_at,
+       a.agent_version, a.started_at AS agent_started_at,
+       o.os_image, o.installed_at AS os_installed_at
+FROM machines m
+LEFT JOIN machine_provided p ON p.machine_id = m.machine_id
+LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
+LEFT JOIN machine_os_installed o ON o.machine_id = m.machine_id
+WHERE m.machine_id = $1
+`
+
+type MachineTagsGetRow struct {
+	MachineID      uuid.UUID      `json:"machine_id"`
+	Provider       sql.NullString `json:"provider"`
+	ProvidedAt     sql.NullTime   `json:"provided_at"`
+	AgentVersion   sql.NullString `json:"agent_version"`
+	AgentStartedAt sql.NullTime   `json:"agent_started_at"`
+	OsImage        sql.NullString `json:"os_image"`
+	OsInstalledAt  sql.NullTime   `json:"os_installed_at"`
+}
+
+// MachineTagsGet returns the example pipeline's tags of one machine; a NULL
+// time means the tag is absent.
+func (q *Queries) MachineTagsGet(ctx context.Context, machineID uuid.UUID) (MachineTagsGetRow, error) {
+	row := q.db.QueryRowContext(ctx, machineTagsGet, machineID)
+	var i MachineTagsGetRow
+	err := row.Scan(
+		&i.MachineID,
+		&i.Provider,
+		&i.ProvidedAt,
+		&i.AgentVersion,
+		&i.AgentStartedAt,
+		&i.OsImage,
+		&i.OsInstalledAt,
+	)
+	return i, err
 }

@@ -65,8 +65,8 @@ LIMIT $2
 `
 
 type MachinesWithoutWorkParams struct {
-	Process  string
-	RowLimit int32
+	Process  string `json:"process"`
+	RowLimit int32  `json:"row_limit"`
 }
 
 // MachinesWithoutWork returns up to row_limit machines, oldest first, that

@@ -37,8 +37,8 @@ func (e *WorkHistoryEvent) Scan(src interface{}) error {
 }
 
 type NullWorkHistoryEvent struct {
-	WorkHistoryEvent WorkHistoryEvent
-	Valid            bool // Valid is true if WorkHistoryEvent is not NULL
+	WorkHistoryEvent WorkHistoryEvent `json:"work_history_event"`
+	Valid            bool             `json:"valid"` // Valid is true if WorkHistoryEvent is not NULL
 }
 
 // Scan implements the Scanner interface.
@@ -60,107 +60,107 @@ func (ns NullWorkHistoryEvent) Value() (driver.Value, error) {
 }
 
 type ActiveBackoff struct {
-	MachineID       uuid.UUID
-	Process         string
-	Cause           string
-	Until           time.Time
-	IntervalSeconds float64
-	SecondsLeft     float64
+	MachineID       uuid.UUID `json:"machine_id"`
+	Process         string    `json:"process"`
+	Cause           string    `json:"cause"`
+	Until           time.Time `json:"until"`
+	IntervalSeconds float64   `json:"interval_seconds"`
+	SecondsLeft     float64   `json:"seconds_left"`
 }
 
 type CurrentWork struct {
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	ComponentName string
-	StartedAt     time.Time
-	AgeSeconds    float64
-	Alive         bool
+	MachineID     uuid.UUID `json:"machine_id"`
+	Process       string    `json:"process"`
+	SessionID     uuid.UUID `json:"session_id"`
+	ComponentName string    `json:"component_name"`
+	StartedAt     time.Time `json:"started_at"`
+	AgeSeconds    float64   `json:"age_seconds"`
+	Alive         bool      `json:"alive"`
 }
 
 type LiveSession struct {
-	SessionID       uuid.UUID
-	ComponentName   string
-	RuntimeInfo     string
-	CreatedAt       time.Time
-	Deadline        time.Time
-	IntervalSeconds float64
-	SecondsLeft     float64
+	SessionID       uuid.UUID `json:"session_id"`
+	ComponentName   string    `json:"component_name"`
+	RuntimeInfo     string    `json:"runtime_info"`
+	CreatedAt       time.Time `json:"created_at"`
+	Deadline        time.Time `json:"deadline"`
+	IntervalSeconds float64   `json:"interval_seconds"`
+	SecondsLeft     float64   `json:"seconds_left"`
 }
 
 type Machine struct {
-	MachineID        uuid.UUID
-	MachineCreatedAt time.Time
+	MachineID        uuid.UUID `json:"machine_id"`
+	MachineCreatedAt time.Time `json:"machine_created_at"`
 }
 
 type MachineAgentStarted struct {
-	MachineID    uuid.UUID
-	AgentVersion string
-	StartedAt    time.Time
+	MachineID    uuid.UUID `json:"machine_id"`
+	AgentVersion string    `json:"agent_version"`
+	StartedAt    time.Time `json:"started_at"`
 }
 
 type MachineOsInstalled struct {
-	MachineID   uuid.UUID
-	OsImage     string
-	InstalledAt time.Time
+	MachineID   uuid.UUID `json:"machine_id"`
+	OsImage     string    `json:"os_image"`
+	InstalledAt time.Time `json:"installed_at"`
 }
 
 type MachineProvided struct {
-	MachineID  uuid.UUID
-	Provider   string
-	ProvidedAt time.Time
+	MachineID  uuid.UUID `json:"machine_id"`
+	Provider   string    `json:"provider"`
+	ProvidedAt time.Time `json:"provided_at"`
 }
 
 type MachineStatus struct {
-	MachineID        uuid.UUID
-	MachineCreatedAt time.Time
-	Stage            string
-	LiveClaims       int64
-	ActiveBackoffs   int64
+	MachineID        uuid.UUID `json:"machine_id"`
+	MachineCreatedAt time.Time `json:"machine_created_at"`
+	Stage            string    `json:"stage"`
+	LiveClaims       int64     `json:"live_claims"`
+	ActiveBackoffs   int64     `json:"active_backoffs"`
 }
 
 type ReadableHistory struct {
-	ID            int64
-	MachineID     uuid.UUID
-	Process       string
-	Event         string
-	SessionID     uuid.UUID
-	ComponentName string
-	At            time.Time
-	Cause         string
+	ID            int64     `json:"id"`
+	MachineID     uuid.UUID `json:"machine_id"`
+	Process       string    `json:"process"`
+	Event         string    `json:"event"`
+	SessionID     uuid.UUID `json:"session_id"`
+	ComponentName string    `json:"component_name"`
+	At            time.Time `json:"at"`
+	Cause         string    `json:"cause"`
 }
 
 type Session struct {
-	SessionID       uuid.UUID
-	ComponentName   string
-	RuntimeInfo     string
-	CreatedAt       time.Time
-	IntervalSeconds float64
-	Deadline        time.Time
+	SessionID       uuid.UUID `json:"session_id"`
+	ComponentName   string    `json:"component_name"`
+	RuntimeInfo     string    `json:"runtime_info"`
+	CreatedAt       time.Time `json:"created_at"`
+	IntervalSeconds float64   `json:"interval_seconds"`
+	Deadline        time.Time `json:"deadline"`
 }
 
 type Work struct {
-	MachineID uuid.UUID
-	Process   string
-	SessionID uuid.UUID
-	StartedAt time.Time
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
+	SessionID uuid.UUID `json:"session_id"`
+	StartedAt time.Time `json:"started_at"`
 }
 
 type WorkBackoff struct {
-	MachineID       uuid.UUID
-	Process         string
-	Until           time.Time
-	Cause           string
-	IntervalSeconds float64
+	MachineID       uuid.UUID `json:"machine_id"`
+	Process         string    `json:"process"`
+	Until           time.Time `json:"until"`
+	Cause           string    `json:"cause"`
+	IntervalSeconds float64   `json:"interval_seconds"`
 }
 
 type WorkHistory struct {
-	ID            int64
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	Event         WorkHistoryEvent
-	At            time.Time
-	FailedCause   sql.NullString
-	ComponentName sql.NullString
+	ID            int64            `json:"id"`
+	MachineID     uuid.UUID        `json:"machine_id"`
+	Process       string           `json:"process"`
+	SessionID     uuid.UUID        `json:"session_id"`
+	Event         WorkHistoryEvent `json:"event"`
+	At            time.Time        `json:"at"`
+	FailedCause   sql.NullString   `json:"failed_cause"`
+	ComponentName sql.NullString   `json:"component_name"`
 }

@@ -8,6 +8,7 @@ package model
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -22,10 +23,10 @@ LIMIT $4
 `
 
 type ReadableHistoryForMachineParams struct {
-	MachineID uuid.UUID
-	Process   sql.NullString
-	Since     sql.NullTime
-	RowLimit  int32
+	MachineID uuid.UUID      `json:"machine_id"`
+	Process   sql.NullString `json:"process"`
+	Since     sql.NullTime   `json:"since"`
+	RowLimit  int32          `json:"row_limit"`
 }
 
 // ReadableHistoryForMachine returns up to row_limit of a machine's most
@@ -68,6 +69,62 @@ func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHis
 	return items, nil
 }
 
+const readableHistoryForMachinePage = `-- name: ReadableHistoryForMachinePage :many
+SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+WHERE machine_id = $1
+  AND (at, id) < ($2::TIMESTAMPTZ, $3::INT8)
+ORDER BY at DESC, id DESC
+LIMIT $4
+`
+
+type ReadableHistoryForMachinePageParams struct {
+	MachineID uuid.UUID `json:"machine_id"`
+	BeforeAt  time.Time `json:"before_at"`
+	BeforeID  int64     `json:"before_id"`
+	RowLimit  int32     `json:"row_limit"`
+}
+
+// ReadableHistoryForMachinePage returns up to row_limit of a machine's
+// events older than the cursor (before_at, before_id), newest first: keyset
+// pagination on work_history (machine_id, at). Start with a cursor in the
+// future.
+func (q *Queries) ReadableHistoryForMachinePage(ctx context.Context, arg ReadableHistoryForMachinePageParams) ([]ReadableHistory, error) {
+	rows, err := q.db.QueryContext(ctx, readableHistoryForMachinePage,
+		arg.MachineID,
+		arg.BeforeAt,
+		arg.BeforeID,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ReadableHistory{}
+	for rows.Next() {
+		var i ReadableHistory
+		if err := rows.Scan(
+			&i.ID,
+			&i.MachineID,
+			&i.Process,
+			&i.Event,
+			&i.SessionID,
+			&i.ComponentName,
+			&i.At,
+			&i.Cause,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const readableHistoryForSession = `-- name: ReadableHistoryForSession :many
 SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
 WHERE session_id = $1
@@ -76,14 +133,60 @@ LIMIT $2
 `
 
 type ReadableHistoryForSessionParams struct {
-	SessionID uuid.UUID
-	RowLimit  int32
+	SessionID uuid.UUID `json:"session_id"`
+	RowLimit  int32     `json:"row_limit"`
 }
 
 // ReadableHistoryForSession returns up to row_limit of a session's most
 // recent events, newest first.
 func (q *Queries) ReadableHistoryForSession(ctx context.Context, arg ReadableHistoryForSessionParams) ([]ReadableHistory, error) {
 	rows, err := q.db.QueryContext(ctx, readableHistoryForSession, arg.SessionID, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ReadableHistory{}
+	for rows.Next() {
+		var i ReadableHistory
+		if err := rows.Scan(
+			&i.ID,
+			&i.MachineID,
+			&i.Process,
+			&i.Event,
+			&i.SessionID,
+			&i.ComponentName,
+			&i.At,
+			&i.Cause,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const readableHistoryRecentFailures = `-- name: ReadableHistoryRecentFailures :many
+SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+WHERE event = 'Failed' AND at >= $1
+ORDER BY at DESC, id DESC
+LIMIT $2
+`
+
+type ReadableHistoryRecentFailuresParams struct {
+	Since    time.Time `json:"since"`
+	RowLimit int32     `json:"row_limit"`
+}
+
+// ReadableHistoryRecentFailures returns up to row_limit Failed events since
+// a time, newest first.
+func (q *Queries) ReadableHistoryRecentFailures(ctx context.Context, arg ReadableHistoryRecentFailuresParams) ([]ReadableHistory, error) {
+	rows, err := q.db.QueryContext(ctx, readableHistoryRecentFailures, arg.Since, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -103,9 +103,9 @@ RETURNING session_id
 `
 
 type SessionStartParams struct {
-	ComponentName   string
-	RuntimeInfo     string
-	IntervalSeconds float64
+	ComponentName   string  `json:"component_name"`
+	RuntimeInfo     string  `json:"runtime_info"`
+	IntervalSeconds float64 `json:"interval_seconds"`
 }
 
 // SessionStart inserts a new session whose deadline is one interval from now

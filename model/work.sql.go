@@ -29,8 +29,8 @@ FROM gone
 `
 
 type WorkAbandonExpiredParams struct {
-	MachineID uuid.UUID
-	Process   string
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
 }
 
 // WorkAbandonExpired removes the claim of (machine, process) if its session
@@ -109,15 +109,15 @@ SELECT
 `
 
 type WorkClaimStateParams struct {
-	MachineID uuid.UUID
-	Process   string
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
 }
 
 type WorkClaimStateRow struct {
-	MachineExists bool
-	InBackoff     bool
-	Claimed       bool
-	ClaimedLive   bool
+	MachineExists bool `json:"machine_exists"`
+	InBackoff     bool `json:"in_backoff"`
+	Claimed       bool `json:"claimed"`
+	ClaimedLive   bool `json:"claimed_live"`
 }
 
 // WorkClaimState tells whether (machine, process) may be claimed: whether the
@@ -150,12 +150,12 @@ FROM ended
 `
 
 type WorkEndParams struct {
-	Event         WorkHistoryEvent
-	FailedCause   sql.NullString
-	ComponentName string
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
+	Event         WorkHistoryEvent `json:"event"`
+	FailedCause   sql.NullString   `json:"failed_cause"`
+	ComponentName string           `json:"component_name"`
+	MachineID     uuid.UUID        `json:"machine_id"`
+	Process       string           `json:"process"`
+	SessionID     uuid.UUID        `json:"session_id"`
 }
 
 // WorkEnd removes the claim of (machine, process) only if the given session
@@ -190,9 +190,9 @@ RETURNING work_history.process
 `
 
 type WorkEndSessionParams struct {
-	Event         WorkHistoryEvent
-	ComponentName string
-	SessionID     uuid.UUID
+	Event         WorkHistoryEvent `json:"event"`
+	ComponentName string           `json:"component_name"`
+	SessionID     uuid.UUID        `json:"session_id"`
 }
 
 // WorkEndSession removes every claim of a session, recording the given event
@@ -227,8 +227,8 @@ WHERE machine_id = $1 AND process = $2
 `
 
 type WorkGetParams struct {
-	MachineID uuid.UUID
-	Process   string
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
 }
 
 // WorkGet returns the claim of (machine, process), live or not.
@@ -291,10 +291,10 @@ FROM claim
 `
 
 type WorkStartParams struct {
-	ComponentName string
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
+	ComponentName string    `json:"component_name"`
+	MachineID     uuid.UUID `json:"machine_id"`
+	Process       string    `json:"process"`
+	SessionID     uuid.UUID `json:"session_id"`
 }
 
 // WorkStart inserts the claim of (machine, process) for a session together

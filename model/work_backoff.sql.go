@@ -18,8 +18,8 @@ WHERE machine_id = $1 AND process = $2
 `
 
 type WorkBackoffDeleteParams struct {
-	MachineID uuid.UUID
-	Process   string
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
 }
 
 // WorkBackoffDelete clears the backoff of (machine, process).
@@ -31,6 +31,53 @@ func (q *Queries) WorkBackoffDelete(ctx context.Context, arg WorkBackoffDeletePa
 	return result.RowsAffected()
 }
 
+const workBackoffForMachine = `-- name: WorkBackoffForMachine :many
+SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
+FROM work_backoff WHERE machine_id = $1
+ORDER BY process
+`
+
+type WorkBackoffForMachineRow struct {
+	MachineID       uuid.UUID `json:"machine_id"`
+	Process         string    `json:"process"`
+	Until           time.Time `json:"until"`
+	Cause           string    `json:"cause"`
+	IntervalSeconds float64   `json:"interval_seconds"`
+	Active          bool      `json:"active"`
+}
+
+// WorkBackoffForMachine returns every backoff row of a machine, in force or
+// expired (whose interval the next failure grows from).
+func (q *Queries) WorkBackoffForMachine(ctx context.Context, machineID uuid.UUID) ([]WorkBackoffForMachineRow, error) {
+	rows, err := q.db.QueryContext(ctx, workBackoffForMachine, machineID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkBackoffForMachineRow{}
+	for rows.Next() {
+		var i WorkBackoffForMachineRow
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.Process,
+			&i.Until,
+			&i.Cause,
+			&i.IntervalSeconds,
+			&i.Active,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workBackoffGet = `-- name: WorkBackoffGet :one
 SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
 FROM work_backoff
@@ -38,17 +85,17 @@ WHERE machine_id = $1 AND process = $2
 `
 
 type WorkBackoffGetParams struct {
-	MachineID uuid.UUID
-	Process   string
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
 }
 
 type WorkBackoffGetRow struct {
-	MachineID       uuid.UUID
-	Process         string
-	Until           time.Time
-	Cause           string
-	IntervalSeconds float64
-	Active          bool
+	MachineID       uuid.UUID `json:"machine_id"`
+	Process         string    `json:"process"`
+	Until           time.Time `json:"until"`
+	Cause           string    `json:"cause"`
+	IntervalSeconds float64   `json:"interval_seconds"`
+	Active          bool      `json:"active"`
 }
 
 // WorkBackoffGet returns the backoff row of (machine, process) with whether it
@@ -73,8 +120,8 @@ WHERE machine_id = $1 AND process = $2
 `
 
 type WorkBackoffIntervalParams struct {
-	MachineID uuid.UUID
-	Process   string
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
 }
 
 // WorkBackoffInterval returns the interval last used for (machine, process),
@@ -100,11 +147,11 @@ SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.
 `
 
 type WorkBackoffUpsertParams struct {
-	MachineID       uuid.UUID
-	Process         string
-	WaitSeconds     float64
-	Cause           string
-	IntervalSeconds float64
+	MachineID       uuid.UUID `json:"machine_id"`
+	Process         string    `json:"process"`
+	WaitSeconds     float64   `json:"wait_seconds"`
+	Cause           string    `json:"cause"`
+	IntervalSeconds float64   `json:"interval_seconds"`
 }
 
 // WorkBackoffUpsert sets (machine, process) in backoff until wait_seconds from

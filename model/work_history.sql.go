@@ -59,8 +59,8 @@ ORDER BY at, id
 `
 
 type WorkHistoryForProcessSinceParams struct {
-	Process string
-	Since   time.Time
+	Process string    `json:"process"`
+	Since   time.Time `json:"since"`
 }
 
 // WorkHistoryForProcessSince returns a process's events since a time, oldest
@@ -104,12 +104,12 @@ VALUES ($1, $2, $3,
 `
 
 type WorkHistoryInsertParams struct {
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	Event         WorkHistoryEvent
-	FailedCause   sql.NullString
-	ComponentName sql.NullString
+	MachineID     uuid.UUID        `json:"machine_id"`
+	Process       string           `json:"process"`
+	SessionID     uuid.UUID        `json:"session_id"`
+	Event         WorkHistoryEvent `json:"event"`
+	FailedCause   sql.NullString   `json:"failed_cause"`
+	ComponentName sql.NullString   `json:"component_name"`
 }
 
 // WorkHistoryInsert records one event that is not part of a claim's life,
@@ -137,8 +137,8 @@ WHERE id IN (
 `
 
 type WorkHistoryPruneParams struct {
-	OlderThanSeconds float64
-	BatchSize        int32
+	OlderThanSeconds float64 `json:"older_than_seconds"`
+	BatchSize        int32   `json:"batch_size"`
 }
 
 // WorkHistoryPrune deletes up to batch_size of the oldest history rows older
@@ -160,10 +160,10 @@ LIMIT $4
 `
 
 type WorkHistoryRecentEventsParams struct {
-	Process  string
-	Event    WorkHistoryEvent
-	Since    time.Time
-	RowLimit int32
+	Process  string           `json:"process"`
+	Event    WorkHistoryEvent `json:"event"`
+	Since    time.Time        `json:"since"`
+	RowLimit int32            `json:"row_limit"`
 }
 
 // WorkHistoryRecentEvents returns up to row_limit events of one kind for a
@@ -213,9 +213,9 @@ ORDER BY process, event
 `
 
 type WorkHistorySummaryRow struct {
-	Process string
-	Event   WorkHistoryEvent
-	Events  int64
+	Process string           `json:"process"`
+	Event   WorkHistoryEvent `json:"event"`
+	Events  int64            `json:"events"`
 }
 
 // WorkHistorySummary counts history events per process and event.

@@ -10,3 +10,8 @@ LIMIT sqlc.arg(row_limit);
 -- ActiveBackoffsForMachine returns a machine's backoffs in force.
 SELECT * FROM active_backoffs WHERE machine_id = sqlc.arg(machine_id)
 ORDER BY until, process;
+
+-- name: ActiveBackoffCountsByProcess :many
+-- ActiveBackoffCountsByProcess counts backoffs in force per process.
+SELECT process, count(*) AS backoffs FROM active_backoffs
+GROUP BY process ORDER BY process;

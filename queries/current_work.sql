@@ -10,3 +10,13 @@ LIMIT sqlc.arg(row_limit);
 -- CurrentWorkForMachine returns a machine's claims.
 SELECT * FROM current_work WHERE machine_id = sqlc.arg(machine_id)
 ORDER BY started_at, process;
+
+-- name: CurrentWorkForSession :many
+-- CurrentWorkForSession returns a session's claims.
+SELECT * FROM current_work WHERE session_id = sqlc.arg(session_id)
+ORDER BY started_at, machine_id, process;
+
+-- name: CurrentWorkCountsByProcess :many
+-- CurrentWorkCountsByProcess counts live claims per process.
+SELECT process, count(*) AS claims FROM current_work WHERE alive
+GROUP BY process ORDER BY process;

@@ -16,3 +16,22 @@ SELECT * FROM readable_history
 WHERE session_id = sqlc.arg(session_id)
 ORDER BY at DESC, id DESC
 LIMIT sqlc.arg(row_limit);
+
+-- name: ReadableHistoryForMachinePage :many
+-- ReadableHistoryForMachinePage returns up to row_limit of a machine's
+-- events older than the cursor (before_at, before_id), newest first: keyset
+-- pagination on work_history (machine_id, at). Start with a cursor in the
+-- future.
+SELECT * FROM readable_history
+WHERE machine_id = sqlc.arg(machine_id)
+  AND (at, id) < (sqlc.arg(before_at)::TIMESTAMPTZ, sqlc.arg(before_id)::INT8)
+ORDER BY at DESC, id DESC
+LIMIT sqlc.arg(row_limit);
+
+-- name: ReadableHistoryRecentFailures :many
+-- ReadableHistoryRecentFailures returns up to row_limit Failed events since
+-- a time, newest first.
+SELECT * FROM readable_history
+WHERE event = 'Failed' AND at >= sqlc.arg(since)
+ORDER BY at DESC, id DESC
+LIMIT sqlc.arg(row_limit);

@@ -16,6 +16,7 @@
 //	history prune --older-than D [--batch N]
 //	backoff clear --machine ID --process P [--reason R]
 //	gc                             delete expired sessions once
+//	serve [--addr HOST:PORT]       serve the read-only web pages (package web)
 //
 // Every command takes --dsn (default $BMDB_DSN), --json (machine-readable
 // output instead of a table) and --timeout. Exit status: 0 on success, 1 on
@@ -67,6 +68,7 @@ var commands = []command{
 	{"history", "history --machine ID [--process P] [--since D] | history prune --older-than D", historyCommand},
 	{"backoff", "backoff clear --machine ID --process P [--reason R]", backoffCommand},
 	{"gc", "delete expired sessions once", gcCommand},
+	{"serve", "serve the read-only web pages [--addr 127.0.0.1:8080]", serveCommand},
 }
 
 func main() {

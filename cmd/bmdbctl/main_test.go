@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -288,5 +290,47 @@ func TestUsageErrors(t *testing.T) {
 	}
 	if out, _, code := ctl(t, "", "help"); code != 0 || !strings.Contains(out, "history") {
 		t.Errorf("help: exit %d\n%s", code, out)
+	}
+}
+
+func TestServe(t *testing.T) {
+	f := seed(t)
+	cmd := exec.Command(binary, "serve", "--addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "BMDB_DSN="+f.dsn)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Process.Kill()
+	line := make(chan string, 1)
+	go func() {
+		buf := make([]byte, 256)
+		n, _ := stdout.Read(buf)
+		line <- string(buf[:n])
+	}()
+	var url string
+	select {
+	case l := <-line:
+		url = strings.TrimSpace(strings.TrimPrefix(l, "serving "))
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve printed no address")
+	}
+	resp, err := http.Get(url + "machine/" + f.failed.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "PXE timeout") {
+		t.Errorf("GET machine page: %d\n%s", resp.StatusCode, body)
+	}
+	if err := cmd.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("serve after SIGINT: %v", err)
 	}
 }

@@ -35,6 +35,7 @@ import (
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/web"
 	"github.com/bmdb-dev/bmdb/worker"
 )
 
@@ -48,6 +49,7 @@ type options struct {
 	timeout      time.Duration
 	backoff      bmdb.Backoff
 	metricsAddr  string
+	httpAddr     string
 }
 
 func main() {
@@ -63,6 +65,7 @@ func main() {
 	flag.DurationVar(&o.backoff.Initial, "backoff-initial", 100*time.Millisecond, "first backoff after a failure")
 	flag.DurationVar(&o.backoff.Maximum, "backoff-max", 2*time.Second, "longest backoff")
 	flag.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9100 (default: off)")
+	flag.StringVar(&o.httpAddr, "http-addr", "", "serve the fleet web pages (and /metrics) on this address, e.g. 127.0.0.1:8080; port 0 picks one (default: off)")
 	flag.Parse()
 	o.backoff.Exponent, o.backoff.Jitter = 2, 0.2
 
@@ -141,7 +144,14 @@ func run(ctx context.Context, o options) error {
 	host, _ := os.Hostname()
 	runtimeInfo := fmt.Sprintf("worker-example on %s, pid %d", host, os.Getpid())
 
-	metrics, stopMetrics, err := serveMetrics(o.metricsAddr)
+	reg := prometheus.NewRegistry()
+	metrics, err := bmdb.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	stopMetrics, err := serve(o.metricsAddr, "metrics", func(mux *http.ServeMux) {
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	})
 	if err != nil {
 		return err
 	}
@@ -184,6 +194,14 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	stopWeb, err := serve(o.httpAddr, "fleet pages", func(mux *http.ServeMux) {
+		mux.Handle("/", web.New(conns[0].DB(), web.Options{}))
+		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	})
+	if err != nil {
+		return err
+	}
+	defer stopWeb()
 
 	start := time.Now()
 	loopCtx, stopLoops := context.WithCancel(ctx)
@@ -205,24 +223,22 @@ func run(ctx context.Context, o options) error {
 	return summary(context.WithoutCancel(ctx), q)
 }
 
-// serveMetrics serves a registry of bmdb metrics on addr ("" serves
-// nothing) and returns the metrics and a function that stops the server.
-func serveMetrics(addr string) (*bmdb.Metrics, func(), error) {
-	reg := prometheus.NewRegistry()
-	metrics, err := bmdb.NewMetrics(reg)
-	if err != nil || addr == "" {
-		return metrics, func() {}, err
+// serve starts an HTTP server on addr ("": none) with the routes that
+// routes adds, and returns a function that stops it.
+func serve(addr, what string, routes func(*http.ServeMux)) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--metrics-addr: %w", err)
+		return nil, fmt.Errorf("serving %s: %w", what, err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	routes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	fmt.Printf("metrics on http://%s/metrics\n", ln.Addr())
-	return metrics, func() { srv.Close() }, nil
+	fmt.Printf("%s on http://%s/\n", what, ln.Addr())
+	return func() { srv.Close() }, nil
 }
 
 // seed inserts n machines and returns queries on the database, read outside

@@ -1,0 +1,105 @@
+package web
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// chromium returns the path of a Chromium binary, or skips the test.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	t.Skip("browser test skipped: no chromium on PATH (apt-get install chromium; .ci/run installs it)")
+	return ""
+}
+
+// browse runs headless Chromium on url with extra flags and returns its
+// stdout.
+func browse(t *testing.T, bin, url string, flags ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	args := append([]string{
+		"--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+		"--disable-component-update", "--disable-sync", "--disable-quic", "--no-first-run",
+		"--disable-dev-shm-usage", "--user-data-dir=" + t.TempDir(),
+	}, flags...)
+	cmd := exec.CommandContext(ctx, bin, append(args, url)...)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("chromium %s: %v", url, err)
+	}
+	return string(out)
+}
+
+// artifactDir is where screenshots go: $BMDB_ARTIFACT_DIR, or a fixed
+// directory under the system temp dir so that a person can look at them.
+func artifactDir(t *testing.T) string {
+	dir := os.Getenv("BMDB_ARTIFACT_DIR")
+	if dir == "" {
+		dir = filepath.Join(os.TempDir(), "bmdb-artifacts")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// text strips tags from a DOM dump, leaving what a person reads.
+func text(dom string) string {
+	s := regexp.MustCompile(`(?s)<style.*?</style>|<[^>]+>`).ReplaceAllString(dom, " ")
+	return strings.Join(strings.Fields(s), " ")
+}
+
+// End to end: a real browser renders the pages served on a real socket,
+// follows the overview's links, and what it shows matches the database.
+func TestBrowser(t *testing.T) {
+	bin := chromium(t)
+	f := seed(t)
+
+	overview := text(browse(t, bin, f.srv.URL+"/", "--dump-dom"))
+	for _, want := range []string{"Fleet overview: 120 machines", "117 new", "2 agent-started", "1 os-installed",
+		"install-os 1", "os-installer", "PXE timeout"} {
+		if !strings.Contains(overview, want) {
+			t.Errorf("overview as rendered lacks %q:\n%s", want, overview)
+		}
+	}
+
+	// Follow the backoff count's link to the list, and the list to the machine.
+	list := browse(t, bin, f.srv.URL+"/machines?backoff=install-os", "--dump-dom")
+	link := regexp.MustCompile(`href="(/machine/[0-9a-f-]{36})"`).FindStringSubmatch(list)
+	if link == nil || !strings.Contains(link[1], f.failed.String()) {
+		t.Fatalf("backoff list does not link the failed machine:\n%s", text(list))
+	}
+	machine := text(browse(t, bin, f.srv.URL+link[1], "--dump-dom"))
+	for _, want := range []string{"Machine " + f.failed.String(), ": agent-started", "dc-west", "PXE timeout", "in force", "Failed"} {
+		if !strings.Contains(machine, want) {
+			t.Errorf("machine page as rendered lacks %q:\n%s", want, machine)
+		}
+	}
+
+	dir := artifactDir(t)
+	for name, path := range map[string]string{
+		"overview.png": "/",
+		"machine.png":  "/machine/" + f.busy.String(),
+	} {
+		shot := filepath.Join(dir, name)
+		os.Remove(shot)
+		browse(t, bin, f.srv.URL+path, "--screenshot="+shot, "--window-size=1280,1100", "--hide-scrollbars")
+		if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
+			t.Errorf("screenshot %s missing or empty: %v", shot, err)
+		} else {
+			t.Logf("screenshot of %s: %s", path, shot)
+		}
+	}
+}

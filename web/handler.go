@@ -1,0 +1,152 @@
+// Package web serves read-only pages about a bmdb fleet: machines per stage,
+// live sessions, claims, backoffs and history, each also as JSON
+// (?format=json or Accept: application/json). Mount it in any component:
+//
+//	mux.Handle("/bmdb/", http.StripPrefix("/bmdb", web.New(conn.DB(), web.Options{PathPrefix: "/bmdb"})))
+//
+// It never writes. Every request runs short queries with LIMITs under
+// Options.QueryTimeout; lists page by keyset (no OFFSET scans).
+package web
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// QueryTimeoutDefault is the default Options.QueryTimeout.
+const QueryTimeoutDefault = 5 * time.Second
+
+// Options configure a Handler.
+type Options struct {
+	// PathPrefix is where the handler is mounted (with http.StripPrefix),
+	// for the links it renders, e.g. "/bmdb". Defaults to "" (the root).
+	PathPrefix string
+	// QueryTimeout bounds the queries of one request. Defaults to
+	// QueryTimeoutDefault.
+	QueryTimeout time.Duration
+}
+
+// Handler is the http.Handler of the pages. It is safe for concurrent use.
+type Handler struct {
+	q    *model.Queries
+	db   *sql.DB
+	opts Options
+	mux  *http.ServeMux
+}
+
+// New returns a Handler reading from db, which it does not close.
+func New(db *sql.DB, opts Options) *Handler {
+	if opts.QueryTimeout <= 0 {
+		opts.QueryTimeout = QueryTimeoutDefault
+	}
+	opts.PathPrefix = strings.TrimRight(opts.PathPrefix, "/")
+	h := &Handler{q: model.New(db), db: db, opts: opts, mux: http.NewServeMux()}
+	h.mux.HandleFunc("GET /{$}", h.page("overview", h.overview))
+	h.mux.HandleFunc("GET /machines", h.page("machines", h.machines))
+	h.mux.HandleFunc("GET /machine/{id}", h.page("machine", h.machine))
+	h.mux.HandleFunc("GET /session/{id}", h.page("session", h.session))
+	return h
+}
+
+// ServeHTTP serves one request.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+
+// httpError is an error with the status to answer it with.
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) error {
+	return &httpError{http.StatusBadRequest, fmt.Sprintf(format, args...)}
+}
+
+func notFound(format string, args ...any) error {
+	return &httpError{http.StatusNotFound, fmt.Sprintf(format, args...)}
+}
+
+// loader loads a page's data for a request.
+type loader func(ctx context.Context, r *http.Request) (any, error)
+
+// page returns the handler of one page: it loads the data under the query
+// timeout and renders it as HTML or JSON.
+func (h *Handler) page(name string, load loader) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), h.opts.QueryTimeout)
+		defer cancel()
+		data, err := load(ctx, r)
+		asJSON := wantsJSON(r)
+		if err != nil {
+			h.fail(w, r, err, asJSON)
+			return
+		}
+		if asJSON {
+			writeJSON(w, http.StatusOK, data)
+			return
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		if err := render(w, name, h.opts.PathPrefix, data); err != nil {
+			klog.Warningf("web: rendering %s: %v", r.URL.Path, err)
+		}
+	}
+}
+
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error, asJSON bool) {
+	var he *httpError
+	if !errors.As(err, &he) {
+		klog.Warningf("web: %s: %v", r.URL.Path, err)
+		he = &httpError{http.StatusInternalServerError, "the database did not answer in time or failed; see the server log"}
+		if errors.Is(err, context.DeadlineExceeded) {
+			he.status = http.StatusServiceUnavailable
+		}
+	}
+	if asJSON {
+		writeJSON(w, he.status, map[string]string{"error": he.msg})
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(he.status)
+	if err := render(w, "error", h.opts.PathPrefix, map[string]any{"Status": he.status, "Message": he.msg}); err != nil {
+		klog.Warningf("web: rendering error page: %v", err)
+	}
+}
+
+// wantsJSON reports whether the client asked for JSON.
+func wantsJSON(r *http.Request) bool {
+	if f := r.URL.Query().Get("format"); f != "" {
+		return f == "json"
+	}
+	return strings.Contains(r.Header.Get("Accept"), "application/json")
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		klog.Warningf("web: writing JSON: %v", err)
+	}
+}
+
+// parseID parses a path or query UUID, naming what it is in the error.
+func parseID(what, s string) (uuid.UUID, error) {
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, badRequest("%s id %q is not a UUID", what, s)
+	}
+	return id, nil
+}

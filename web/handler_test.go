@@ -1,0 +1,302 @@
+package web
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+func TestMain(m *testing.M) {
+	testdb.Main(m, func(ctx context.Context, dsn string) error {
+		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
+}
+
+// fleet is seeded data: 120 machines, of which busy is claimed by a live
+// os-installer session for install-os, failed is in backoff for install-os,
+// and done went through every stage.
+type fleet struct {
+	srv                *httptest.Server
+	db                 *sql.DB
+	busy, failed, done uuid.UUID
+	sess               *bmdb.Session
+}
+
+func seed(t *testing.T) *fleet {
+	t.Helper()
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.New(t)
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "os-installer", RuntimeInfo: "host1 pid 42", SessionInterval: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sess.Close(ctx) })
+	q := model.New(conn.DB())
+	if _, err := q.MachineCreateMany(ctx, 117); err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{db: conn.DB(), sess: sess}
+	f.busy, _ = q.MachineCreate(ctx)
+	f.failed, _ = q.MachineCreate(ctx)
+	f.done, _ = q.MachineCreate(ctx)
+	for _, m := range []uuid.UUID{f.busy, f.failed, f.done} {
+		if err := q.MachineProvidedInsert(ctx, model.MachineProvidedInsertParams{MachineID: m, Provider: "dc-west"}); err != nil {
+			t.Fatal(err)
+		}
+		if err := q.MachineAgentStartedInsert(ctx, model.MachineAgentStartedInsertParams{MachineID: m, AgentVersion: "v7"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one := func(id uuid.UUID) func(*bmdb.Tx) ([]uuid.UUID, error) {
+		return func(*bmdb.Tx) ([]uuid.UUID, error) { return []uuid.UUID{id}, nil }
+	}
+	if _, err := sess.Work(ctx, "install-os", one(f.busy)); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := sess.Work(ctx, "install-os", one(f.failed))
+	if err := w.Fail(ctx, &bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 2}, "PXE timeout"); err != nil {
+		t.Fatal(err)
+	}
+	// done has a long history: 60 attempts, so its history pages.
+	for i := range 60 {
+		w, err := sess.Work(ctx, "install-os", one(f.done))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i < 59 {
+			err = w.Cancel(ctx)
+		} else {
+			err = w.Finish(ctx, func(tx *bmdb.Tx) error {
+				return tx.Queries().MachineOSInstalledInsert(ctx, model.MachineOSInstalledInsertParams{MachineID: f.done, OsImage: "debian-12"})
+			})
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.srv = httptest.NewServer(New(conn.DB(), Options{}))
+	t.Cleanup(f.srv.Close)
+	return f
+}
+
+// get fetches path and returns the status and body.
+func (f *fleet) get(t *testing.T, path string, header ...string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, f.srv.URL+path, nil)
+	if len(header) == 2 {
+		req.Header.Set(header[0], header[1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+func (f *fleet) getJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	status, body := f.get(t, path, "Accept", "application/json")
+	if status != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, status, body)
+	}
+	if err := json.Unmarshal([]byte(body), v); err != nil {
+		t.Fatalf("GET %s: %v\n%s", path, err, body)
+	}
+}
+
+func mustContain(t *testing.T, what, body string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(body, w) {
+			t.Errorf("%s lacks %q", what, w)
+		}
+	}
+}
+
+func TestOverview(t *testing.T) {
+	f := seed(t)
+	status, body := f.get(t, "/")
+	if status != http.StatusOK {
+		t.Fatalf("GET /: %d", status)
+	}
+	mustContain(t, "overview", body,
+		"120 machines", `href="/machines?stage=agent-started"`, `href="/machines?process=install-os">1<`,
+		`href="/machines?backoff=install-os">1<`, "PXE timeout", "os-installer", "host1 pid 42",
+		`href="/session/`+f.sess.ID().String()+`"`)
+	var o Overview
+	f.getJSON(t, "/?format=json", &o)
+	want := map[string]int64{"new": 117, "provided": 0, "agent-started": 2, "os-installed": 1}
+	for _, s := range o.Stages {
+		if want[s.Name] != s.Count {
+			t.Errorf("stage %s: %d machines, want %d", s.Name, s.Count, want[s.Name])
+		}
+	}
+	if o.Machines != 120 || len(o.Sessions) != 1 || len(o.Failures) != 1 || o.Failures[0].MachineID != f.failed {
+		t.Errorf("overview JSON = %+v", o)
+	}
+}
+
+func TestMachinesFiltersAndPagination(t *testing.T) {
+	f := seed(t)
+	var page Machines
+	f.getJSON(t, "/machines?process=install-os", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != f.busy || page.Next != "" {
+		t.Errorf("process=install-os: %+v", page)
+	}
+	f.getJSON(t, "/machines?backoff=install-os&format=json", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != f.failed {
+		t.Errorf("backoff=install-os: %+v", page)
+	}
+	f.getJSON(t, "/machines?stage=os-installed", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != f.done {
+		t.Errorf("stage=os-installed: %+v", page)
+	}
+	// Keyset pages cover every machine exactly once.
+	seen := map[uuid.UUID]bool{}
+	path, pages := "/machines", 0
+	for {
+		page = Machines{}
+		f.getJSON(t, path, &page)
+		pages++
+		for _, m := range page.Machines {
+			if seen[m.MachineID] {
+				t.Fatalf("machine %s on two pages", m.MachineID)
+			}
+			seen[m.MachineID] = true
+		}
+		if page.Next == "" {
+			break
+		}
+		path = "/machines?after=" + page.Next
+	}
+	if len(seen) != 120 || pages != 3 {
+		t.Errorf("%d machines on %d pages, want 120 on 3", len(seen), pages)
+	}
+	_, body := f.get(t, "/machines?stage=new")
+	mustContain(t, "machines page", body, `id="next"`, `href="/machines?stage=new&amp;after=`)
+}
+
+func TestMachinePage(t *testing.T) {
+	f := seed(t)
+	_, body := f.get(t, "/machine/"+f.busy.String())
+	mustContain(t, "busy machine page", body, "agent-started", "dc-west", "v7", "install-os", "os-installer",
+		`href="/session/`+f.sess.ID().String()+`"`, "alive", "Started")
+	_, body = f.get(t, "/machine/"+f.failed.String())
+	mustContain(t, "failed machine page", body, "PXE timeout", "in force", "1.0h", "Failed")
+
+	// History pages by keyset: 120 events of done over 3 pages, newest first.
+	var m Machine
+	f.getJSON(t, "/machine/"+f.done.String(), &m)
+	if m.Status.Stage != "os-installed" || len(m.Tags) != 3 || len(m.History) != historyPerPage || m.Older == "" {
+		t.Fatalf("done machine: stage %s, %d tags, %d events, older %q", m.Status.Stage, len(m.Tags), len(m.History), m.Older)
+	}
+	if m.History[0].Event != "Finished" {
+		t.Errorf("newest event = %s, want Finished", m.History[0].Event)
+	}
+	events := len(m.History)
+	for m.Older != "" {
+		older := m.Older
+		m = Machine{}
+		f.getJSON(t, "/machine/"+f.done.String()+"?before="+older, &m)
+		events += len(m.History)
+	}
+	if events != 120 {
+		t.Errorf("%d history events over all pages, want 120", events)
+	}
+}
+
+func TestSessionPage(t *testing.T) {
+	f := seed(t)
+	_, body := f.get(t, "/session/"+f.sess.ID().String())
+	mustContain(t, "session page", body, "os-installer", "host1 pid 42", "alive", f.busy.String(), "Canceled")
+	var s Session
+	f.getJSON(t, "/session/"+f.sess.ID().String(), &s)
+	if s.Row == nil || !s.Alive || len(s.Work) != 1 || len(s.History) != historyPerPage {
+		t.Errorf("session JSON: row %v alive %v, %d claims, %d events", s.Row != nil, s.Alive, len(s.Work), len(s.History))
+	}
+	// A collected session still shows its history.
+	if _, err := f.db.Exec("DELETE FROM sessions WHERE session_id = $1", f.sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+	_, body = f.get(t, "/session/"+f.sess.ID().String())
+	mustContain(t, "collected session page", body, "garbage-collected", "Finished")
+}
+
+func TestBadAndUnknownIDs(t *testing.T) {
+	f := seed(t)
+	for _, tc := range []struct {
+		path   string
+		status int
+		want   string
+	}{
+		{"/machine/not-a-uuid", 400, `machine id &#34;not-a-uuid&#34; is not a UUID`},
+		{"/session/1234", 400, "is not a UUID"},
+		{"/machine/" + uuid.NewString(), 404, "no machine"},
+		{"/session/" + uuid.NewString(), 404, "no session"},
+		{"/machines?stage=flying", 400, "is not one of"},
+		{"/machines?after=zzz", 400, "is not a UUID"},
+		{"/machine/" + uuid.NewString() + "?before=nope", 400, "cursor"},
+		{"/nowhere", 404, ""},
+	} {
+		status, body := f.get(t, tc.path)
+		if status != tc.status || !strings.Contains(body, tc.want) {
+			t.Errorf("GET %s: %d %q; want %d with %q", tc.path, status, body, tc.status, tc.want)
+		}
+	}
+	status, body := f.get(t, "/machine/nope?format=json")
+	var e map[string]string
+	if status != 400 || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e["error"], "not a UUID") {
+		t.Errorf("JSON error: %d %s", status, body)
+	}
+	resp, err := http.Post(f.srv.URL+"/", "text/plain", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("POST /: %d, want 405 (read-only)", resp.StatusCode)
+	}
+}
+
+// Links honour the mount prefix.
+func TestPathPrefix(t *testing.T) {
+	f := seed(t)
+	mux := http.NewServeMux()
+	mux.Handle("/bmdb/", http.StripPrefix("/bmdb", New(f.db, Options{PathPrefix: "/bmdb/"})))
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/bmdb/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !regexp.MustCompile(`href="/bmdb/machines\?stage=new"`).Match(body) {
+		t.Errorf("prefixed overview: %d\n%s", resp.StatusCode, body)
+	}
+}
