@@ -120,12 +120,14 @@ func create(migrated bool) (string, func(), error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	name := fmt.Sprintf("bmdb_t%d_%d", os.Getpid(), counter.Add(1))
-	stmt := "CREATE DATABASE " + pq.QuoteIdentifier(name)
+	var err error
 	if migrated && !cockroach {
-		stmt += " TEMPLATE " + pq.QuoteIdentifier(template)
+		_, err = admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name)+" TEMPLATE "+pq.QuoteIdentifier(template))
+	} else {
+		_, err = admin.ExecContext(ctx, "CREATE DATABASE "+pq.QuoteIdentifier(name))
 	}
-	if _, err := admin.ExecContext(ctx, stmt); err != nil {
-		return "", nil, fmt.Errorf("%s: %w", stmt, err)
+	if err != nil {
+		return "", nil, fmt.Errorf("creating database %s: %w", name, err)
 	}
 	dsn := WithDatabase(serverDSN, name)
 	if migrated && cockroach {
@@ -140,12 +142,14 @@ func create(migrated bool) (string, func(), error) {
 func drop(name string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	stmt := "DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " WITH (FORCE)"
+	var err error
 	if cockroach {
-		stmt = "DROP DATABASE IF EXISTS " + pq.QuoteIdentifier(name) + " CASCADE"
+		_, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+pq.QuoteIdentifier(name)+" CASCADE")
+	} else {
+		_, err = admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+pq.QuoteIdentifier(name)+" WITH (FORCE)")
 	}
-	if _, err := admin.ExecContext(ctx, stmt); err != nil {
-		fmt.Fprintf(os.Stderr, "testdb: %s: %v\n", stmt, err)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "testdb: dropping database %s: %v\n", name, err)
 	}
 }
 

@@ -1,0 +1,32 @@
+-- Least-privilege roles for a bmdb database (PostgreSQL and CockroachDB).
+--
+-- bmdb_migrator owns the schema: run migrations (bmdbctl migrate up, or the
+-- first component with migrations on) as this role.
+-- bmdb_worker is what components run as, with Config.SkipMigrations = true:
+-- DML on the tables, nothing else (no DDL, no TRUNCATE).
+-- bmdb_operator is for people and dashboards: read-only on the views.
+-- bmdbctl's write commands (backoff clear, gc, history prune) need
+-- bmdb_worker.
+--
+-- Replace the passwords, or use certificate authentication
+-- (sslmode=verify-full in the DSN, which bmdb passes to the driver
+-- unchanged). Run after the migrations, as the schema owner, and again after
+-- migrations that add tables or views (or rely on the default privileges).
+
+CREATE ROLE bmdb_worker LOGIN PASSWORD 'change-me';
+CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';
+
+GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
+
+GRANT SELECT, INSERT, UPDATE, DELETE ON
+    machines, sessions, work, work_history, work_backoff,
+    machine_provided, machine_agent_started, machine_os_installed
+TO bmdb_worker;
+-- work_history.id is a BIGSERIAL: PostgreSQL only (CockroachDB has no sequence
+-- for it; skip this line there).
+GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
+-- Components check the schema version on Open.
+GRANT SELECT ON schema_migrations TO bmdb_worker;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_worker;
+
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_operator;
