@@ -46,10 +46,11 @@ type Connection struct {
 
 // counters are cumulative figures of a Connection, updated atomically.
 type counters struct {
-	txAttempts        atomic.Int64
-	txRetries         atomic.Int64
-	txCommitRetries   atomic.Int64
-	heartbeatFailures atomic.Int64
+	txAttempts          atomic.Int64
+	txRetries           atomic.Int64
+	txConnectionRetries atomic.Int64
+	txCommitRetries     atomic.Int64
+	heartbeatFailures   atomic.Int64
 }
 
 // testHooks let tests inside this package inject faults. Zero means none.
@@ -68,6 +69,9 @@ type Stats struct {
 	TxRetries int64
 	// TxCommitRetries counts the TxRetries whose error came from COMMIT.
 	TxCommitRetries int64
+	// TxConnectionRetries counts attempts retried because the connection
+	// failed before COMMIT (the server rolled them back).
+	TxConnectionRetries int64
 	// HeartbeatFailures counts failed heartbeat attempts.
 	HeartbeatFailures int64
 }
@@ -162,10 +166,11 @@ func (c *Connection) Close() error {
 // Stats returns the connection's cumulative figures.
 func (c *Connection) Stats() Stats {
 	return Stats{
-		TxAttempts:        c.stats.txAttempts.Load(),
-		TxRetries:         c.stats.txRetries.Load(),
-		TxCommitRetries:   c.stats.txCommitRetries.Load(),
-		HeartbeatFailures: c.stats.heartbeatFailures.Load(),
+		TxAttempts:          c.stats.txAttempts.Load(),
+		TxRetries:           c.stats.txRetries.Load(),
+		TxCommitRetries:     c.stats.txCommitRetries.Load(),
+		TxConnectionRetries: c.stats.txConnectionRetries.Load(),
+		HeartbeatFailures:   c.stats.heartbeatFailures.Load(),
 	}
 }
 

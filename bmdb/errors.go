@@ -1,8 +1,13 @@
 package bmdb
 
 import (
+	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 
 	"github.com/lib/pq"
 )
@@ -52,8 +57,15 @@ var (
 	ErrNoBackoff = errors.New("bmdb: no backoff")
 
 	// ErrRetriesExhausted means a transaction kept failing with retryable
-	// serialization errors; it is wrapped by *RetriesExhaustedError.
+	// errors (serialization failures, or a connection that failed before
+	// COMMIT); it is wrapped by *RetriesExhaustedError.
 	ErrRetriesExhausted = errors.New("bmdb: transaction retries exhausted")
+
+	// ErrAmbiguousCommit means the connection failed while COMMIT was in
+	// flight: the transaction may or may not have committed. bmdb does not
+	// retry it. For a Work, the claim tells: a later Cancel either succeeds
+	// (nothing committed) or returns ErrWorkLost.
+	ErrAmbiguousCommit = errors.New("bmdb: commit outcome unknown: connection failed during COMMIT")
 
 	// ErrSchemaTooNew means the database schema is at a migration version
 	// this binary does not know: a newer binary migrated it. It is wrapped by
@@ -105,6 +117,23 @@ func (e *SchemaVersionError) Error() string {
 
 // Unwrap returns Err.
 func (e *SchemaVersionError) Unwrap() error { return e.Err }
+
+// isConnectionError reports whether err says the connection to the
+// database failed (as opposed to the database refusing a statement): then
+// the server has rolled back whatever transaction was open on it.
+func isConnectionError(err error) bool {
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var netErr *net.OpError
+	if errors.As(err, &netErr) {
+		return true
+	}
+	code := sqlState(err)
+	return strings.HasPrefix(code, "08") || // connection exception
+		code == "57P01" || code == "57P02" || code == "57P03" // admin/crash shutdown, cannot connect now
+}
 
 // PostgreSQL / CockroachDB error codes bmdb reacts to.
 const (

@@ -17,7 +17,7 @@ import (
 //
 //	bmdb_sessions_started_total, bmdb_sessions_expired_total
 //	bmdb_heartbeat_duration_seconds (histogram), bmdb_heartbeat_failures_total
-//	bmdb_transaction_attempts_total, bmdb_transaction_retries_total
+//	bmdb_transaction_attempts_total, bmdb_transaction_retries_total{reason}
 //	bmdb_work_events_total{process, event}   Started, Finished, Failed, Canceled, Abandoned, BackoffCleared
 //	bmdb_work_conflicts_total{process}
 //	bmdb_claim_duration_seconds{process}     (histogram of successful Work calls)
@@ -54,7 +54,8 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		txAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bmdb_transaction_attempts_total", Help: "Transaction attempts, first tries and retries."}, component),
 		txRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_transaction_retries_total", Help: "Transaction attempts retried after a serialization failure."}, component),
+			Name: "bmdb_transaction_retries_total", Help: "Transaction attempts retried, by reason: serialization failure, or connection failure before COMMIT."},
+			[]string{"component", "reason"}),
 		workEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bmdb_work_events_total", Help: "Committed work history events by process and event."},
 			[]string{"component", "process", "event"}),
@@ -87,7 +88,6 @@ type componentMetrics struct {
 	heartbeatSeconds  prometheus.Observer
 	heartbeatFailures prometheus.Counter
 	txAttempts        prometheus.Counter
-	txRetries         prometheus.Counter
 }
 
 func (m *Metrics) forComponent(component string) *componentMetrics {
@@ -99,7 +99,6 @@ func (m *Metrics) forComponent(component string) *componentMetrics {
 		heartbeatSeconds:  m.heartbeatSeconds.WithLabelValues(component),
 		heartbeatFailures: m.heartbeatFailures.WithLabelValues(component),
 		txAttempts:        m.txAttempts.WithLabelValues(component),
-		txRetries:         m.txRetries.WithLabelValues(component),
 	}
 }
 

@@ -60,58 +60,97 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error) error {
 }
 
 func (c *Connection) transactPostgres(ctx context.Context, fn func(*Tx) error) error {
-	for attempt := 1; ; attempt++ {
-		err := c.attemptPostgres(ctx, fn)
-		if err == nil || !isRetryable(err) {
+	return c.retry(ctx, func() error { return c.attemptPostgres(ctx, fn) })
+}
+
+// retry runs attempt until it succeeds, fails for good, or MaxTxAttempts
+// attempts have failed with serialization or connection errors, waiting a
+// jittered, capped, growing delay between attempts.
+func (c *Connection) retry(ctx context.Context, attempt func() error) error {
+	for n := 1; ; n++ {
+		err := attempt()
+		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		c.countRetry()
-		if attempt >= c.cfg.MaxTxAttempts {
-			return &RetriesExhaustedError{Attempts: attempt, Last: err}
+		switch {
+		case isRetryable(err):
+			c.countRetry(retrySerialization)
+		case errors.Is(err, errConnectionBeforeCommit):
+			c.countRetry(retryConnection)
+		default:
+			return err
 		}
-		if err := sleep(ctx, retryDelay(attempt)); err != nil {
+		if n >= c.cfg.MaxTxAttempts {
+			return &RetriesExhaustedError{Attempts: n, Last: err}
+		}
+		if err := sleep(ctx, retryDelay(n)); err != nil {
 			return fmt.Errorf("bmdb: waiting to retry transaction: %w", err)
 		}
 	}
 }
 
-// attemptPostgres runs one whole transaction: BEGIN, fn, COMMIT.
+// errConnectionBeforeCommit marks a connection failure before COMMIT was
+// sent: the server rolled the transaction back, so it is safe to retry.
+var errConnectionBeforeCommit = errors.New("bmdb: connection failed before commit")
+
+// attemptPostgres runs one whole transaction: BEGIN, fn, COMMIT. A
+// connection failure before COMMIT comes back marked with
+// errConnectionBeforeCommit; one during COMMIT as ErrAmbiguousCommit.
 func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) error {
 	c.countAttempt()
 	tx, err := c.db.BeginTx(ctx, serializable)
 	if err != nil {
-		return fmt.Errorf("bmdb: beginning transaction: %w", contextError(ctx, err))
+		return markConnection(fmt.Errorf("bmdb: beginning transaction: %w", contextError(ctx, err)))
 	}
 	if err := fn(newTx(tx)); err != nil {
 		_ = tx.Rollback() // the error that matters is fn's
-		return contextError(ctx, err)
+		return markConnection(contextError(ctx, err))
 	}
 	if err := tx.Commit(); err != nil {
 		if isRetryable(err) {
 			c.stats.txCommitRetries.Add(1)
+		} else if isConnectionError(err) {
+			return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
 		}
 		return fmt.Errorf("bmdb: committing transaction: %w", contextError(ctx, err))
 	}
 	return nil
 }
 
-func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) error {
-	attempts := 0
-	// crdb counts retries, not attempts.
-	err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts-1), c.db, serializable,
-		func(tx *sql.Tx) error {
-			attempts++
-			c.countAttempt()
-			if attempts > 1 {
-				c.countRetry()
-			}
-			return fn(newTx(tx))
-		})
-	var maxRetries *crdb.MaxRetriesExceededError
-	if errors.As(err, &maxRetries) {
-		return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
+// markConnection marks err with errConnectionBeforeCommit if it is a
+// connection failure.
+func markConnection(err error) error {
+	if isConnectionError(err) {
+		return fmt.Errorf("%w: %w", errConnectionBeforeCommit, err)
 	}
-	return contextError(ctx, err)
+	return err
+}
+
+// transactCockroach retries serialization failures with crdb.ExecuteTx and,
+// around it, connection failures before the commit.
+func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) error {
+	return c.retry(ctx, func() error {
+		attempts := 0
+		// crdb counts retries, not attempts.
+		err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts-1), c.db, serializable,
+			func(tx *sql.Tx) error {
+				attempts++
+				c.countAttempt()
+				if attempts > 1 {
+					c.countRetry(retrySerialization)
+				}
+				return fn(newTx(tx))
+			})
+		var maxRetries *crdb.MaxRetriesExceededError
+		var ambiguous *crdb.AmbiguousCommitError
+		switch {
+		case errors.As(err, &maxRetries):
+			return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
+		case errors.As(err, &ambiguous):
+			return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
+		}
+		return markConnection(contextError(ctx, err))
+	})
 }
 
 func (c *Connection) countAttempt() {
@@ -119,9 +158,19 @@ func (c *Connection) countAttempt() {
 	c.metrics.txAttempts.Inc()
 }
 
-func (c *Connection) countRetry() {
-	c.stats.txRetries.Add(1)
-	c.metrics.txRetries.Inc()
+// Reasons of retries, the label of bmdb_transaction_retries_total.
+const (
+	retrySerialization = "serialization"
+	retryConnection    = "connection"
+)
+
+func (c *Connection) countRetry(reason string) {
+	if reason == retryConnection {
+		c.stats.txConnectionRetries.Add(1)
+	} else {
+		c.stats.txRetries.Add(1)
+	}
+	c.metrics.m.txRetries.WithLabelValues(c.metrics.component, reason).Inc()
 }
 
 // retryDelay returns the jittered wait before retry number attempt (from 1).

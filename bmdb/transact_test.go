@@ -229,3 +229,36 @@ func TestTransactChecksSessionInDatabase(t *testing.T) {
 	}
 	waitDone(t, s, time.Second) // the failed check ends the session at once
 }
+
+// A connection that fails before COMMIT (here the server terminates it in
+// the middle of the transaction, as a restart or pg_terminate_backend does)
+// rolled the transaction back: bmdb retries it on a new connection.
+func TestTransactRetriesLostConnection(t *testing.T) {
+	e := newEnv(t)
+	c := e.open()
+	s := e.session(c)
+	attempts := 0
+	err := s.Transact(context.Background(), func(tx *Tx) error {
+		attempts++
+		if _, err := tx.Queries().MachineCreate(context.Background()); err != nil {
+			return err
+		}
+		if attempts == 1 {
+			_, err := tx.DBTX().ExecContext(context.Background(), "SELECT pg_terminate_backend(pg_backend_pid())")
+			return fmt.Errorf("after terminating the backend: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("Transact = %v after %d attempts", err, attempts)
+	}
+	if attempts != 2 {
+		t.Errorf("%d attempts, want 2", attempts)
+	}
+	if n := e.count("SELECT count(*) FROM machines"); n != 1 {
+		t.Errorf("%d machines committed, want 1", n)
+	}
+	if st := c.Stats(); st.TxConnectionRetries != 1 {
+		t.Errorf("stats %+v, want one connection retry", st)
+	}
+}

@@ -302,27 +302,29 @@ func (l *Loop) process(workCtx context.Context, w *bmdb.Work) {
 	defer cancel()
 	switch {
 	case errors.Is(context.Cause(workCtx), errShutdown):
-		l.end(w, &l.canceled, w.Cancel(endCtx))
+		l.end(workCtx, w, &l.canceled, w.Cancel(endCtx))
 	case err != nil:
-		l.end(w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, err.Error()))
+		l.end(workCtx, w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, err.Error()))
 	default:
 		if commit == nil {
 			commit = func(*bmdb.Tx) error { return nil }
 		}
 		err := w.Finish(endCtx, commit)
 		if err != nil && !lost(err) {
-			// The commit itself failed: back off rather than retry it at once.
+			// The commit itself failed (or its outcome is unknown): back off
+			// rather than retry it at once. If it did commit, Fail finds the
+			// claim gone.
 			klog.Warningf("worker %s: finishing %s: %v", l.cfg.Process, w.Machine(), err)
-			l.end(w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, "finish failed: "+err.Error()))
+			l.end(workCtx, w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, "finish failed: "+err.Error()))
 			return
 		}
-		l.end(w, &l.finished, err)
+		l.end(workCtx, w, &l.finished, err)
 	}
 }
 
 // end counts how a claim ended; if ending it failed for another reason than
-// losing it, it cancels the claim so that it does not stay held.
-func (l *Loop) end(w *bmdb.Work, counter *atomic.Int64, err error) {
+// losing it, it cancels the claim, so that it does not stay held.
+func (l *Loop) end(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64, err error) {
 	switch {
 	case err == nil:
 		counter.Add(1)
@@ -331,13 +333,35 @@ func (l *Loop) end(w *bmdb.Work, counter *atomic.Int64, err error) {
 		klog.Warningf("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), err)
 	default:
 		klog.Warningf("worker %s: ending claim of %s: %v; canceling it", l.cfg.Process, w.Machine(), err)
-		ctx, cancel := context.WithTimeout(context.Background(), l.cfg.ShutdownGrace+time.Second)
-		defer cancel()
-		if err := w.Cancel(ctx); err == nil {
+		l.cancelUntilSettled(workCtx, w)
+	}
+}
+
+// cancelUntilSettled cancels w, retrying with jittered, growing waits until
+// it succeeds or the claim is gone, so that a claim is never left held by a
+// live session (a stuck machine). It gives up when workCtx ends: the
+// session ended (the claim went with it) or shutdown is over (Close removes
+// the claim).
+func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
+	wait := l.cfg.PollMin
+	for {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), l.cfg.ShutdownGrace+time.Second)
+		err := w.Cancel(ctx)
+		cancel()
+		switch {
+		case err == nil:
 			l.canceled.Add(1)
-		} else {
-			klog.Warningf("worker %s: canceling claim of %s: %v", l.cfg.Process, w.Machine(), err)
+			return
+		case lost(err) || errors.Is(err, bmdb.ErrWorkDone):
+			l.lost.Add(1)
+			return
 		}
+		klog.Warningf("worker %s: canceling claim of %s: %v; retrying", l.cfg.Process, w.Machine(), err)
+		if sleep(workCtx, wait-rand.N(wait/2+1)) != nil {
+			l.lost.Add(1)
+			return
+		}
+		wait = min(2*wait, l.cfg.PollMax)
 	}
 }
 

@@ -423,3 +423,42 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		t.Errorf("New(good) = %v", err)
 	}
 }
+
+// Connections killed under a claim (a database restart, pg_terminate_backend)
+// do not leave the claim stuck: ending it is retried on new connections.
+func TestLoopSurvivesKilledConnections(t *testing.T) {
+	e := newEnv(t, 3)
+	killed := atomic.Int64{}
+	l, stop := e.start(Config{
+		Concurrency: 1,
+		PollMin:     10 * time.Millisecond,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			// Kill every connection of the loop to the database, as a
+			// restart would, right before Finish.
+			var n int64
+			err := e.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+				WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n)
+			if err != nil {
+				return nil, err
+			}
+			killed.Add(n)
+			return markDone(w), nil
+		},
+	})
+	eventually(t, 20*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == 3 })
+	stop()
+	if killed.Load() == 0 {
+		t.Fatal("no connection was killed: the test did not inject the fault")
+	}
+	for m, events := range e.history() {
+		if !slices.Equal(events, []string{"Started@1", "Finished@1"}) {
+			t.Errorf("machine %s: history %v", m, events)
+		}
+	}
+	if st := l.Stats(); st.Finished != 3 || st.Lost+st.Failed+st.Canceled != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if st := e.conn.Stats(); st.TxConnectionRetries == 0 {
+		t.Errorf("connection stats %+v: no connection retry", st)
+	}
+}
