@@ -12,6 +12,8 @@ import (
 
 	"github.com/lib/pq"
 	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/model"
 )
 
 // engine is the database product behind a Connection.
@@ -39,6 +41,10 @@ type Connection struct {
 	stats   counters
 	metrics *componentMetrics
 	hooks   testHooks
+	// prepared holds every model query prepared on the pool (once per
+	// pooled connection): a transaction's statements skip parsing and
+	// planning, and run in one round trip each.
+	prepared *model.Queries
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -105,6 +111,10 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 		db.Close()
 		return nil, err
 	}
+	if c.prepared, err = model.Prepare(ctx, db); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bmdb: preparing statements: %w", redactError(contextError(ctx, err), cfg.DSN))
+	}
 	klog.V(1).Infof("bmdb: component %q connected to %s at %s", cfg.ComponentName, c.engine, redactDSN(cfg.DSN))
 	return c, nil
 }
@@ -158,7 +168,7 @@ func (c *Connection) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
 		c.closed.Store(true)
-		err = c.db.Close()
+		err = errors.Join(c.prepared.Close(), c.db.Close())
 	})
 	return err
 }

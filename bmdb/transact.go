@@ -20,7 +20,9 @@ type Tx struct {
 	q  *model.Queries
 }
 
-func newTx(tx *sql.Tx) *Tx { return &Tx{tx: tx, q: model.New(tx)} }
+// newTx wraps one attempt's transaction; its queries use the connection's
+// prepared statements.
+func (c *Connection) newTx(tx *sql.Tx) *Tx { return &Tx{tx: tx, q: c.prepared.WithTx(tx)} }
 
 // Queries returns bmdb's generated queries bound to the transaction.
 func (t *Tx) Queries() *model.Queries { return t.q }
@@ -102,7 +104,7 @@ func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) er
 	if err != nil {
 		return markConnection(fmt.Errorf("bmdb: beginning transaction: %w", contextError(ctx, err)))
 	}
-	if err := fn(newTx(tx)); err != nil {
+	if err := fn(c.newTx(tx)); err != nil {
 		_ = tx.Rollback() // the error that matters is fn's
 		return markConnection(contextError(ctx, err))
 	}
@@ -139,7 +141,7 @@ func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) 
 				if attempts > 1 {
 					c.countRetry(retrySerialization)
 				}
-				return fn(newTx(tx))
+				return fn(c.newTx(tx))
 			})
 		var maxRetries *crdb.MaxRetriesExceededError
 		var ambiguous *crdb.AmbiguousCommitError

@@ -47,10 +47,11 @@ func (w *Work) Session() *Session { return w.s }
 
 // Work claims a machine for process. In one transaction (see Transact) it
 // runs retrieve, which returns candidate machine ids in order of preference,
-// and claims the first candidate that is neither in backoff for process nor
-// claimed for it by a live session, recording a Started history row. A claim
-// left by an expired session does not block: it is removed, recorded as
-// Abandoned, and taken over in the same transaction.
+// and claims the first candidate that is neither claimed for process nor in
+// backoff for it, recording a Started history row. If there is none, a claim
+// left by an expired session does not block: the first such candidate's
+// claim is removed, recorded as Abandoned, and taken over in the same
+// transaction.
 //
 // retrieve should read only; it may run several times (see Transact). It
 // usually selects machines whose tags say they need the process and that
@@ -97,27 +98,39 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 
 // claimFirst claims the first claimable candidate inside tx, and reports
 // whether it took the claim over from an expired session.
+//
+// The first pass only inserts (WorkClaim), which reads no work row: on
+// PostgreSQL an uncontended claim then takes no SERIALIZABLE read lock on
+// the small, hot work index, so concurrent claims of different machines do
+// not abort each other through it. Only if no candidate could be claimed
+// does the second pass read the claims' state, to take over one held by an
+// expired session or to tell a conflict from backoff.
 func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, bool, error) {
+	for _, machine := range candidates {
+		claimed, err := s.claim(ctx, tx, machine, process)
+		if err != nil {
+			return uuid.Nil, false, err
+		}
+		if claimed {
+			return machine, false, nil
+		}
+	}
 	conflict := false
 	for _, machine := range candidates {
-		key := model.WorkClaimStateParams{MachineID: machine, Process: process}
-		state, err := tx.q.WorkClaimState(ctx, key)
+		state, err := tx.q.WorkClaimState(ctx, model.WorkClaimStateParams{MachineID: machine, Process: process})
 		if err != nil {
 			return uuid.Nil, false, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
 		}
-		tookOver := false
 		switch {
-		case !state.MachineExists:
-			return uuid.Nil, false, fmt.Errorf("%w: retrieve returned %s for %q", ErrUnknownMachine, machine, process)
 		case state.InBackoff:
 			continue
-		case state.ClaimedLive:
+		case state.ClaimedLive || !state.Claimed:
 			conflict = true
 			continue
-		case state.Claimed:
-			if tookOver, err = s.takeOver(ctx, tx, machine, process); err != nil {
-				return uuid.Nil, false, err
-			}
+		}
+		tookOver, err := s.takeOver(ctx, tx, machine, process)
+		if err != nil {
+			return uuid.Nil, false, err
 		}
 		if err := s.start(ctx, tx, machine, process); err != nil {
 			return uuid.Nil, false, err
@@ -128,6 +141,20 @@ func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candid
 		return uuid.Nil, false, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
 	return uuid.Nil, false, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+}
+
+// claim runs WorkClaim and reports whether it claimed the machine.
+func (s *Session) claim(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (bool, error) {
+	n, err := tx.q.WorkClaim(ctx, model.WorkClaimParams{
+		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+	})
+	if sqlState(err) == codeForeignKeyViolation {
+		return false, fmt.Errorf("%w: retrieve returned %s for %q: %w", ErrUnknownMachine, machine, process, err)
+	}
+	if err != nil {
+		return false, fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
+	}
+	return n > 0, nil
 }
 
 // takeOver removes the claim of an expired session, recording Abandoned, and

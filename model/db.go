@@ -7,6 +7,7 @@ package model
 import (
 	"context"
 	"database/sql"
+	"fmt"
 )
 
 type DBTX interface {
@@ -20,12 +21,598 @@ func New(db DBTX) *Queries {
 	return &Queries{db: db}
 }
 
+func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
+	q := Queries{db: db}
+	var err error
+	if q.activeBackoffCountsByProcessStmt, err = db.PrepareContext(ctx, activeBackoffCountsByProcess); err != nil {
+		return nil, fmt.Errorf("error preparing query ActiveBackoffCountsByProcess: %w", err)
+	}
+	if q.activeBackoffsForMachineStmt, err = db.PrepareContext(ctx, activeBackoffsForMachine); err != nil {
+		return nil, fmt.Errorf("error preparing query ActiveBackoffsForMachine: %w", err)
+	}
+	if q.activeBackoffsListStmt, err = db.PrepareContext(ctx, activeBackoffsList); err != nil {
+		return nil, fmt.Errorf("error preparing query ActiveBackoffsList: %w", err)
+	}
+	if q.currentWorkCountsByProcessStmt, err = db.PrepareContext(ctx, currentWorkCountsByProcess); err != nil {
+		return nil, fmt.Errorf("error preparing query CurrentWorkCountsByProcess: %w", err)
+	}
+	if q.currentWorkForMachineStmt, err = db.PrepareContext(ctx, currentWorkForMachine); err != nil {
+		return nil, fmt.Errorf("error preparing query CurrentWorkForMachine: %w", err)
+	}
+	if q.currentWorkForSessionStmt, err = db.PrepareContext(ctx, currentWorkForSession); err != nil {
+		return nil, fmt.Errorf("error preparing query CurrentWorkForSession: %w", err)
+	}
+	if q.currentWorkListStmt, err = db.PrepareContext(ctx, currentWorkList); err != nil {
+		return nil, fmt.Errorf("error preparing query CurrentWorkList: %w", err)
+	}
+	if q.liveSessionsListStmt, err = db.PrepareContext(ctx, liveSessionsList); err != nil {
+		return nil, fmt.Errorf("error preparing query LiveSessionsList: %w", err)
+	}
+	if q.machineAgentStartedInsertStmt, err = db.PrepareContext(ctx, machineAgentStartedInsert); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineAgentStartedInsert: %w", err)
+	}
+	if q.machineCreateStmt, err = db.PrepareContext(ctx, machineCreate); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineCreate: %w", err)
+	}
+	if q.machineCreateManyStmt, err = db.PrepareContext(ctx, machineCreateMany); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineCreateMany: %w", err)
+	}
+	if q.machineGetStmt, err = db.PrepareContext(ctx, machineGet); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineGet: %w", err)
+	}
+	if q.machineOSInstalledInsertStmt, err = db.PrepareContext(ctx, machineOSInstalledInsert); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineOSInstalledInsert: %w", err)
+	}
+	if q.machineProvidedInsertStmt, err = db.PrepareContext(ctx, machineProvidedInsert); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineProvidedInsert: %w", err)
+	}
+	if q.machineStageCountsStmt, err = db.PrepareContext(ctx, machineStageCounts); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineStageCounts: %w", err)
+	}
+	if q.machineStatusCountsStmt, err = db.PrepareContext(ctx, machineStatusCounts); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineStatusCounts: %w", err)
+	}
+	if q.machineStatusFilterStmt, err = db.PrepareContext(ctx, machineStatusFilter); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineStatusFilter: %w", err)
+	}
+	if q.machineStatusGetStmt, err = db.PrepareContext(ctx, machineStatusGet); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineStatusGet: %w", err)
+	}
+	if q.machineStatusListStmt, err = db.PrepareContext(ctx, machineStatusList); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineStatusList: %w", err)
+	}
+	if q.machineTagsGetStmt, err = db.PrepareContext(ctx, machineTagsGet); err != nil {
+		return nil, fmt.Errorf("error preparing query MachineTagsGet: %w", err)
+	}
+	if q.machinesNeedingAgentStartStmt, err = db.PrepareContext(ctx, machinesNeedingAgentStart); err != nil {
+		return nil, fmt.Errorf("error preparing query MachinesNeedingAgentStart: %w", err)
+	}
+	if q.machinesNeedingOSInstallStmt, err = db.PrepareContext(ctx, machinesNeedingOSInstall); err != nil {
+		return nil, fmt.Errorf("error preparing query MachinesNeedingOSInstall: %w", err)
+	}
+	if q.machinesNeedingProvideStmt, err = db.PrepareContext(ctx, machinesNeedingProvide); err != nil {
+		return nil, fmt.Errorf("error preparing query MachinesNeedingProvide: %w", err)
+	}
+	if q.machinesWithoutWorkStmt, err = db.PrepareContext(ctx, machinesWithoutWork); err != nil {
+		return nil, fmt.Errorf("error preparing query MachinesWithoutWork: %w", err)
+	}
+	if q.readableHistoryForMachineStmt, err = db.PrepareContext(ctx, readableHistoryForMachine); err != nil {
+		return nil, fmt.Errorf("error preparing query ReadableHistoryForMachine: %w", err)
+	}
+	if q.readableHistoryForMachinePageStmt, err = db.PrepareContext(ctx, readableHistoryForMachinePage); err != nil {
+		return nil, fmt.Errorf("error preparing query ReadableHistoryForMachinePage: %w", err)
+	}
+	if q.readableHistoryForSessionStmt, err = db.PrepareContext(ctx, readableHistoryForSession); err != nil {
+		return nil, fmt.Errorf("error preparing query ReadableHistoryForSession: %w", err)
+	}
+	if q.readableHistoryRecentFailuresStmt, err = db.PrepareContext(ctx, readableHistoryRecentFailures); err != nil {
+		return nil, fmt.Errorf("error preparing query ReadableHistoryRecentFailures: %w", err)
+	}
+	if q.sessionCheckStmt, err = db.PrepareContext(ctx, sessionCheck); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionCheck: %w", err)
+	}
+	if q.sessionDeleteStmt, err = db.PrepareContext(ctx, sessionDelete); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionDelete: %w", err)
+	}
+	if q.sessionDeleteExpiredStmt, err = db.PrepareContext(ctx, sessionDeleteExpired); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionDeleteExpired: %w", err)
+	}
+	if q.sessionGetStmt, err = db.PrepareContext(ctx, sessionGet); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionGet: %w", err)
+	}
+	if q.sessionPokeStmt, err = db.PrepareContext(ctx, sessionPoke); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionPoke: %w", err)
+	}
+	if q.sessionStartStmt, err = db.PrepareContext(ctx, sessionStart); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionStart: %w", err)
+	}
+	if q.workAbandonExpiredStmt, err = db.PrepareContext(ctx, workAbandonExpired); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkAbandonExpired: %w", err)
+	}
+	if q.workAbandonOfExpiredSessionsStmt, err = db.PrepareContext(ctx, workAbandonOfExpiredSessions); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkAbandonOfExpiredSessions: %w", err)
+	}
+	if q.workBackoffDeleteStmt, err = db.PrepareContext(ctx, workBackoffDelete); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffDelete: %w", err)
+	}
+	if q.workBackoffForMachineStmt, err = db.PrepareContext(ctx, workBackoffForMachine); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffForMachine: %w", err)
+	}
+	if q.workBackoffGetStmt, err = db.PrepareContext(ctx, workBackoffGet); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffGet: %w", err)
+	}
+	if q.workBackoffIntervalStmt, err = db.PrepareContext(ctx, workBackoffInterval); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffInterval: %w", err)
+	}
+	if q.workBackoffUpsertStmt, err = db.PrepareContext(ctx, workBackoffUpsert); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffUpsert: %w", err)
+	}
+	if q.workClaimStmt, err = db.PrepareContext(ctx, workClaim); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkClaim: %w", err)
+	}
+	if q.workClaimStateStmt, err = db.PrepareContext(ctx, workClaimState); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkClaimState: %w", err)
+	}
+	if q.workEndStmt, err = db.PrepareContext(ctx, workEnd); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkEnd: %w", err)
+	}
+	if q.workEndSessionStmt, err = db.PrepareContext(ctx, workEndSession); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkEndSession: %w", err)
+	}
+	if q.workGetStmt, err = db.PrepareContext(ctx, workGet); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkGet: %w", err)
+	}
+	if q.workHistoryForMachineStmt, err = db.PrepareContext(ctx, workHistoryForMachine); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistoryForMachine: %w", err)
+	}
+	if q.workHistoryForProcessSinceStmt, err = db.PrepareContext(ctx, workHistoryForProcessSince); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistoryForProcessSince: %w", err)
+	}
+	if q.workHistoryInsertStmt, err = db.PrepareContext(ctx, workHistoryInsert); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistoryInsert: %w", err)
+	}
+	if q.workHistoryPruneStmt, err = db.PrepareContext(ctx, workHistoryPrune); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistoryPrune: %w", err)
+	}
+	if q.workHistoryRecentEventsStmt, err = db.PrepareContext(ctx, workHistoryRecentEvents); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistoryRecentEvents: %w", err)
+	}
+	if q.workHistorySummaryStmt, err = db.PrepareContext(ctx, workHistorySummary); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistorySummary: %w", err)
+	}
+	if q.workListBySessionStmt, err = db.PrepareContext(ctx, workListBySession); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkListBySession: %w", err)
+	}
+	if q.workStartStmt, err = db.PrepareContext(ctx, workStart); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkStart: %w", err)
+	}
+	return &q, nil
+}
+
+func (q *Queries) Close() error {
+	var err error
+	if q.activeBackoffCountsByProcessStmt != nil {
+		if cerr := q.activeBackoffCountsByProcessStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing activeBackoffCountsByProcessStmt: %w", cerr)
+		}
+	}
+	if q.activeBackoffsForMachineStmt != nil {
+		if cerr := q.activeBackoffsForMachineStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing activeBackoffsForMachineStmt: %w", cerr)
+		}
+	}
+	if q.activeBackoffsListStmt != nil {
+		if cerr := q.activeBackoffsListStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing activeBackoffsListStmt: %w", cerr)
+		}
+	}
+	if q.currentWorkCountsByProcessStmt != nil {
+		if cerr := q.currentWorkCountsByProcessStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing currentWorkCountsByProcessStmt: %w", cerr)
+		}
+	}
+	if q.currentWorkForMachineStmt != nil {
+		if cerr := q.currentWorkForMachineStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing currentWorkForMachineStmt: %w", cerr)
+		}
+	}
+	if q.currentWorkForSessionStmt != nil {
+		if cerr := q.currentWorkForSessionStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing currentWorkForSessionStmt: %w", cerr)
+		}
+	}
+	if q.currentWorkListStmt != nil {
+		if cerr := q.currentWorkListStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing currentWorkListStmt: %w", cerr)
+		}
+	}
+	if q.liveSessionsListStmt != nil {
+		if cerr := q.liveSessionsListStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing liveSessionsListStmt: %w", cerr)
+		}
+	}
+	if q.machineAgentStartedInsertStmt != nil {
+		if cerr := q.machineAgentStartedInsertStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineAgentStartedInsertStmt: %w", cerr)
+		}
+	}
+	if q.machineCreateStmt != nil {
+		if cerr := q.machineCreateStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineCreateStmt: %w", cerr)
+		}
+	}
+	if q.machineCreateManyStmt != nil {
+		if cerr := q.machineCreateManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineCreateManyStmt: %w", cerr)
+		}
+	}
+	if q.machineGetStmt != nil {
+		if cerr := q.machineGetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineGetStmt: %w", cerr)
+		}
+	}
+	if q.machineOSInstalledInsertStmt != nil {
+		if cerr := q.machineOSInstalledInsertStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineOSInstalledInsertStmt: %w", cerr)
+		}
+	}
+	if q.machineProvidedInsertStmt != nil {
+		if cerr := q.machineProvidedInsertStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineProvidedInsertStmt: %w", cerr)
+		}
+	}
+	if q.machineStageCountsStmt != nil {
+		if cerr := q.machineStageCountsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineStageCountsStmt: %w", cerr)
+		}
+	}
+	if q.machineStatusCountsStmt != nil {
+		if cerr := q.machineStatusCountsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineStatusCountsStmt: %w", cerr)
+		}
+	}
+	if q.machineStatusFilterStmt != nil {
+		if cerr := q.machineStatusFilterStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineStatusFilterStmt: %w", cerr)
+		}
+	}
+	if q.machineStatusGetStmt != nil {
+		if cerr := q.machineStatusGetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineStatusGetStmt: %w", cerr)
+		}
+	}
+	if q.machineStatusListStmt != nil {
+		if cerr := q.machineStatusListStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineStatusListStmt: %w", cerr)
+		}
+	}
+	if q.machineTagsGetStmt != nil {
+		if cerr := q.machineTagsGetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machineTagsGetStmt: %w", cerr)
+		}
+	}
+	if q.machinesNeedingAgentStartStmt != nil {
+		if cerr := q.machinesNeedingAgentStartStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machinesNeedingAgentStartStmt: %w", cerr)
+		}
+	}
+	if q.machinesNeedingOSInstallStmt != nil {
+		if cerr := q.machinesNeedingOSInstallStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machinesNeedingOSInstallStmt: %w", cerr)
+		}
+	}
+	if q.machinesNeedingProvideStmt != nil {
+		if cerr := q.machinesNeedingProvideStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machinesNeedingProvideStmt: %w", cerr)
+		}
+	}
+	if q.machinesWithoutWorkStmt != nil {
+		if cerr := q.machinesWithoutWorkStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing machinesWithoutWorkStmt: %w", cerr)
+		}
+	}
+	if q.readableHistoryForMachineStmt != nil {
+		if cerr := q.readableHistoryForMachineStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing readableHistoryForMachineStmt: %w", cerr)
+		}
+	}
+	if q.readableHistoryForMachinePageStmt != nil {
+		if cerr := q.readableHistoryForMachinePageStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing readableHistoryForMachinePageStmt: %w", cerr)
+		}
+	}
+	if q.readableHistoryForSessionStmt != nil {
+		if cerr := q.readableHistoryForSessionStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing readableHistoryForSessionStmt: %w", cerr)
+		}
+	}
+	if q.readableHistoryRecentFailuresStmt != nil {
+		if cerr := q.readableHistoryRecentFailuresStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing readableHistoryRecentFailuresStmt: %w", cerr)
+		}
+	}
+	if q.sessionCheckStmt != nil {
+		if cerr := q.sessionCheckStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionCheckStmt: %w", cerr)
+		}
+	}
+	if q.sessionDeleteStmt != nil {
+		if cerr := q.sessionDeleteStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionDeleteStmt: %w", cerr)
+		}
+	}
+	if q.sessionDeleteExpiredStmt != nil {
+		if cerr := q.sessionDeleteExpiredStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionDeleteExpiredStmt: %w", cerr)
+		}
+	}
+	if q.sessionGetStmt != nil {
+		if cerr := q.sessionGetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionGetStmt: %w", cerr)
+		}
+	}
+	if q.sessionPokeStmt != nil {
+		if cerr := q.sessionPokeStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionPokeStmt: %w", cerr)
+		}
+	}
+	if q.sessionStartStmt != nil {
+		if cerr := q.sessionStartStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionStartStmt: %w", cerr)
+		}
+	}
+	if q.workAbandonExpiredStmt != nil {
+		if cerr := q.workAbandonExpiredStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workAbandonExpiredStmt: %w", cerr)
+		}
+	}
+	if q.workAbandonOfExpiredSessionsStmt != nil {
+		if cerr := q.workAbandonOfExpiredSessionsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workAbandonOfExpiredSessionsStmt: %w", cerr)
+		}
+	}
+	if q.workBackoffDeleteStmt != nil {
+		if cerr := q.workBackoffDeleteStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffDeleteStmt: %w", cerr)
+		}
+	}
+	if q.workBackoffForMachineStmt != nil {
+		if cerr := q.workBackoffForMachineStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffForMachineStmt: %w", cerr)
+		}
+	}
+	if q.workBackoffGetStmt != nil {
+		if cerr := q.workBackoffGetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffGetStmt: %w", cerr)
+		}
+	}
+	if q.workBackoffIntervalStmt != nil {
+		if cerr := q.workBackoffIntervalStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffIntervalStmt: %w", cerr)
+		}
+	}
+	if q.workBackoffUpsertStmt != nil {
+		if cerr := q.workBackoffUpsertStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffUpsertStmt: %w", cerr)
+		}
+	}
+	if q.workClaimStmt != nil {
+		if cerr := q.workClaimStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workClaimStmt: %w", cerr)
+		}
+	}
+	if q.workClaimStateStmt != nil {
+		if cerr := q.workClaimStateStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workClaimStateStmt: %w", cerr)
+		}
+	}
+	if q.workEndStmt != nil {
+		if cerr := q.workEndStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workEndStmt: %w", cerr)
+		}
+	}
+	if q.workEndSessionStmt != nil {
+		if cerr := q.workEndSessionStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workEndSessionStmt: %w", cerr)
+		}
+	}
+	if q.workGetStmt != nil {
+		if cerr := q.workGetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workGetStmt: %w", cerr)
+		}
+	}
+	if q.workHistoryForMachineStmt != nil {
+		if cerr := q.workHistoryForMachineStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistoryForMachineStmt: %w", cerr)
+		}
+	}
+	if q.workHistoryForProcessSinceStmt != nil {
+		if cerr := q.workHistoryForProcessSinceStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistoryForProcessSinceStmt: %w", cerr)
+		}
+	}
+	if q.workHistoryInsertStmt != nil {
+		if cerr := q.workHistoryInsertStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistoryInsertStmt: %w", cerr)
+		}
+	}
+	if q.workHistoryPruneStmt != nil {
+		if cerr := q.workHistoryPruneStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistoryPruneStmt: %w", cerr)
+		}
+	}
+	if q.workHistoryRecentEventsStmt != nil {
+		if cerr := q.workHistoryRecentEventsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistoryRecentEventsStmt: %w", cerr)
+		}
+	}
+	if q.workHistorySummaryStmt != nil {
+		if cerr := q.workHistorySummaryStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistorySummaryStmt: %w", cerr)
+		}
+	}
+	if q.workListBySessionStmt != nil {
+		if cerr := q.workListBySessionStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workListBySessionStmt: %w", cerr)
+		}
+	}
+	if q.workStartStmt != nil {
+		if cerr := q.workStartStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workStartStmt: %w", cerr)
+		}
+	}
+	return err
+}
+
+func (q *Queries) exec(ctx context.Context, stmt *sql.Stmt, query string, args ...interface{}) (sql.Result, error) {
+	switch {
+	case stmt != nil && q.tx != nil:
+		return q.tx.StmtContext(ctx, stmt).ExecContext(ctx, args...)
+	case stmt != nil:
+		return stmt.ExecContext(ctx, args...)
+	default:
+		return q.db.ExecContext(ctx, query, args...)
+	}
+}
+
+func (q *Queries) query(ctx context.Context, stmt *sql.Stmt, query string, args ...interface{}) (*sql.Rows, error) {
+	switch {
+	case stmt != nil && q.tx != nil:
+		return q.tx.StmtContext(ctx, stmt).QueryContext(ctx, args...)
+	case stmt != nil:
+		return stmt.QueryContext(ctx, args...)
+	default:
+		return q.db.QueryContext(ctx, query, args...)
+	}
+}
+
+func (q *Queries) queryRow(ctx context.Context, stmt *sql.Stmt, query string, args ...interface{}) *sql.Row {
+	switch {
+	case stmt != nil && q.tx != nil:
+		return q.tx.StmtContext(ctx, stmt).QueryRowContext(ctx, args...)
+	case stmt != nil:
+		return stmt.QueryRowContext(ctx, args...)
+	default:
+		return q.db.QueryRowContext(ctx, query, args...)
+	}
+}
+
 type Queries struct {
-	db DBTX
+	db                                DBTX
+	tx                                *sql.Tx
+	activeBackoffCountsByProcessStmt  *sql.Stmt
+	activeBackoffsForMachineStmt      *sql.Stmt
+	activeBackoffsListStmt            *sql.Stmt
+	currentWorkCountsByProcessStmt    *sql.Stmt
+	currentWorkForMachineStmt         *sql.Stmt
+	currentWorkForSessionStmt         *sql.Stmt
+	currentWorkListStmt               *sql.Stmt
+	liveSessionsListStmt              *sql.Stmt
+	machineAgentStartedInsertStmt     *sql.Stmt
+	machineCreateStmt                 *sql.Stmt
+	machineCreateManyStmt             *sql.Stmt
+	machineGetStmt                    *sql.Stmt
+	machineOSInstalledInsertStmt      *sql.Stmt
+	machineProvidedInsertStmt         *sql.Stmt
+	machineStageCountsStmt            *sql.Stmt
+	machineStatusCountsStmt           *sql.Stmt
+	machineStatusFilterStmt           *sql.Stmt
+	machineStatusGetStmt              *sql.Stmt
+	machineStatusListStmt             *sql.Stmt
+	machineTagsGetStmt                *sql.Stmt
+	machinesNeedingAgentStartStmt     *sql.Stmt
+	machinesNeedingOSInstallStmt      *sql.Stmt
+	machinesNeedingProvideStmt        *sql.Stmt
+	machinesWithoutWorkStmt           *sql.Stmt
+	readableHistoryForMachineStmt     *sql.Stmt
+	readableHistoryForMachinePageStmt *sql.Stmt
+	readableHistoryForSessionStmt     *sql.Stmt
+	readableHistoryRecentFailuresStmt *sql.Stmt
+	sessionCheckStmt                  *sql.Stmt
+	sessionDeleteStmt                 *sql.Stmt
+	sessionDeleteExpiredStmt          *sql.Stmt
+	sessionGetStmt                    *sql.Stmt
+	sessionPokeStmt                   *sql.Stmt
+	sessionStartStmt                  *sql.Stmt
+	workAbandonExpiredStmt            *sql.Stmt
+	workAbandonOfExpiredSessionsStmt  *sql.Stmt
+	workBackoffDeleteStmt             *sql.Stmt
+	workBackoffForMachineStmt         *sql.Stmt
+	workBackoffGetStmt                *sql.Stmt
+	workBackoffIntervalStmt           *sql.Stmt
+	workBackoffUpsertStmt             *sql.Stmt
+	workClaimStmt                     *sql.Stmt
+	workClaimStateStmt                *sql.Stmt
+	workEndStmt                       *sql.Stmt
+	workEndSessionStmt                *sql.Stmt
+	workGetStmt                       *sql.Stmt
+	workHistoryForMachineStmt         *sql.Stmt
+	workHistoryForProcessSinceStmt    *sql.Stmt
+	workHistoryInsertStmt             *sql.Stmt
+	workHistoryPruneStmt              *sql.Stmt
+	workHistoryRecentEventsStmt       *sql.Stmt
+	workHistorySummaryStmt            *sql.Stmt
+	workListBySessionStmt             *sql.Stmt
+	workStartStmt                     *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 	return &Queries{
-		db: tx,
+		db:                                tx,
+		tx:                                tx,
+		activeBackoffCountsByProcessStmt:  q.activeBackoffCountsByProcessStmt,
+		activeBackoffsForMachineStmt:      q.activeBackoffsForMachineStmt,
+		activeBackoffsListStmt:            q.activeBackoffsListStmt,
+		currentWorkCountsByProcessStmt:    q.currentWorkCountsByProcessStmt,
+		currentWorkForMachineStmt:         q.currentWorkForMachineStmt,
+		currentWorkForSessionStmt:         q.currentWorkForSessionStmt,
+		currentWorkListStmt:               q.currentWorkListStmt,
+		liveSessionsListStmt:              q.liveSessionsListStmt,
+		machineAgentStartedInsertStmt:     q.machineAgentStartedInsertStmt,
+		machineCreateStmt:                 q.machineCreateStmt,
+		machineCreateManyStmt:             q.machineCreateManyStmt,
+		machineGetStmt:                    q.machineGetStmt,
+		machineOSInstalledInsertStmt:      q.machineOSInstalledInsertStmt,
+		machineProvidedInsertStmt:         q.machineProvidedInsertStmt,
+		machineStageCountsStmt:            q.machineStageCountsStmt,
+		machineStatusCountsStmt:           q.machineStatusCountsStmt,
+		machineStatusFilterStmt:           q.machineStatusFilterStmt,
+		machineStatusGetStmt:              q.machineStatusGetStmt,
+		machineStatusListStmt:             q.machineStatusListStmt,
+		machineTagsGetStmt:                q.machineTagsGetStmt,
+		machinesNeedingAgentStartStmt:     q.machinesNeedingAgentStartStmt,
+		machinesNeedingOSInstallStmt:      q.machinesNeedingOSInstallStmt,
+		machinesNeedingProvideStmt:        q.machinesNeedingProvideStmt,
+		machinesWithoutWorkStmt:           q.machinesWithoutWorkStmt,
+		readableHistoryForMachineStmt:     q.readableHistoryForMachineStmt,
+		readableHistoryForMachinePageStmt: q.readableHistoryForMachinePageStmt,
+		readableHistoryForSessionStmt:     q.readableHistoryForSessionStmt,
+		readableHistoryRecentFailuresStmt: q.readableHistoryRecentFailuresStmt,
+		sessionCheckStmt:                  q.sessionCheckStmt,
+		sessionDeleteStmt:                 q.sessionDeleteStmt,
+		sessionDeleteExpiredStmt:          q.sessionDeleteExpiredStmt,
+		sessionGetStmt:                    q.sessionGetStmt,
+		sessionPokeStmt:                   q.sessionPokeStmt,
+		sessionStartStmt:                  q.sessionStartStmt,
+		workAbandonExpiredStmt:            q.workAbandonExpiredStmt,
+		workAbandonOfExpiredSessionsStmt:  q.workAbandonOfExpiredSessionsStmt,
+		workBackoffDeleteStmt:             q.workBackoffDeleteStmt,
+		workBackoffForMachineStmt:         q.workBackoffForMachineStmt,
+		workBackoffGetStmt:                q.workBackoffGetStmt,
+		workBackoffIntervalStmt:           q.workBackoffIntervalStmt,
+		workBackoffUpsertStmt:             q.workBackoffUpsertStmt,
+		workClaimStmt:                     q.workClaimStmt,
+		workClaimStateStmt:                q.workClaimStateStmt,
+		workEndStmt:                       q.workEndStmt,
+		workEndSessionStmt:                q.workEndSessionStmt,
+		workGetStmt:                       q.workGetStmt,
+		workHistoryForMachineStmt:         q.workHistoryForMachineStmt,
+		workHistoryForProcessSinceStmt:    q.workHistoryForProcessSinceStmt,
+		workHistoryInsertStmt:             q.workHistoryInsertStmt,
+		workHistoryPruneStmt:              q.workHistoryPruneStmt,
+		workHistoryRecentEventsStmt:       q.workHistoryRecentEventsStmt,
+		workHistorySummaryStmt:            q.workHistorySummaryStmt,
+		workListBySessionStmt:             q.workListBySessionStmt,
+		workStartStmt:                     q.workStartStmt,
 	}
 }

@@ -23,7 +23,7 @@ type MachineOSInstalledInsertParams struct {
 // MachineOSInstalledInsert tags a machine as having its OS installed (the
 // example's last stage).
 func (q *Queries) MachineOSInstalledInsert(ctx context.Context, arg MachineOSInstalledInsertParams) error {
-	_, err := q.db.ExecContext(ctx, machineOSInstalledInsert, arg.MachineID, arg.OsImage)
+	_, err := q.exec(ctx, q.machineOSInstalledInsertStmt, machineOSInstalledInsert, arg.MachineID, arg.OsImage)
 	return err
 }
 
@@ -50,7 +50,7 @@ type MachineStageCountsRow struct {
 // all, per completed stage, live claims, and (machine, process) pairs in
 // backoff now.
 func (q *Queries) MachineStageCounts(ctx context.Context) (MachineStageCountsRow, error) {
-	row := q.db.QueryRowContext(ctx, machineStageCounts)
+	row := q.queryRow(ctx, q.machineStageCountsStmt, machineStageCounts)
 	var i MachineStageCountsRow
 	err := row.Scan(
 		&i.Machines,
@@ -84,7 +84,7 @@ LIMIT $1
 // of "install-os" nor of the conflicting "start-agent", and are not in
 // backoff for "install-os".
 func (q *Queries) MachinesNeedingOSInstall(ctx context.Context, rowLimit int32) ([]uuid.UUID, error) {
-	rows, err := q.db.QueryContext(ctx, machinesNeedingOSInstall, rowLimit)
+	rows, err := q.query(ctx, q.machinesNeedingOSInstallStmt, machinesNeedingOSInstall, rowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ type MachineStatusCountsRow struct {
 
 // MachineStatusCounts counts machines per stage.
 func (q *Queries) MachineStatusCounts(ctx context.Context) ([]MachineStatusCountsRow, error) {
-	rows, err := q.db.QueryContext(ctx, machineStatusCounts)
+	rows, err := q.query(ctx, q.machineStatusCountsStmt, machineStatusCounts)
 	if err != nil {
 		return nil, err
 	}
@@ -74,7 +74,7 @@ type MachineStatusFilterParams struct {
 // machine_id order (keyset pagination), optionally only those at stage, with
 // live work of working_process, or in backoff for backoff_process.
 func (q *Queries) MachineStatusFilter(ctx context.Context, arg MachineStatusFilterParams) ([]MachineStatus, error) {
-	rows, err := q.db.QueryContext(ctx, machineStatusFilter,
+	rows, err := q.query(ctx, q.machineStatusFilterStmt, machineStatusFilter,
 		arg.AfterID,
 		arg.Stage,
 		arg.WorkingProcess,
@@ -114,7 +114,7 @@ SELECT machine_id, machine_created_at, stage, live_claims, active_backoffs FROM 
 
 // MachineStatusGet returns one machine with its stage.
 func (q *Queries) MachineStatusGet(ctx context.Context, machineID uuid.UUID) (MachineStatus, error) {
-	row := q.db.QueryRowContext(ctx, machineStatusGet, machineID)
+	row := q.queryRow(ctx, q.machineStatusGetStmt, machineStatusGet, machineID)
 	var i MachineStatus
 	err := row.Scan(
 		&i.MachineID,
@@ -144,7 +144,7 @@ type MachineStatusListParams struct {
 // machine_id order after after_id (keyset pagination: pass the last id of
 // the previous page, or the nil UUID), of one stage or (stage NULL) of all.
 func (q *Queries) MachineStatusList(ctx context.Context, arg MachineStatusListParams) ([]MachineStatus, error) {
-	rows, err := q.db.QueryContext(ctx, machineStatusList, arg.AfterID, arg.Stage, arg.RowLimit)
+	rows, err := q.query(ctx, q.machineStatusListStmt, machineStatusList, arg.AfterID, arg.Stage, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -197,7 +197,7 @@ type MachineTagsGetRow struct {
 // MachineTagsGet returns the example pipeline's tags of one machine; a NULL
 // time means the tag is absent.
 func (q *Queries) MachineTagsGet(ctx context.Context, machineID uuid.UUID) (MachineTagsGetRow, error) {
-	row := q.db.QueryRowContext(ctx, machineTagsGet, machineID)
+	row := q.queryRow(ctx, q.machineTagsGetStmt, machineTagsGet, machineID)
 	var i MachineTagsGetRow
 	err := row.Scan(
 		&i.MachineID,

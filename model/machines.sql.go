@@ -17,7 +17,7 @@ INSERT INTO machines DEFAULT VALUES RETURNING machine_id
 
 // MachineCreate inserts a new machine and returns its id.
 func (q *Queries) MachineCreate(ctx context.Context) (uuid.UUID, error) {
-	row := q.db.QueryRowContext(ctx, machineCreate)
+	row := q.queryRow(ctx, q.machineCreateStmt, machineCreate)
 	var machine_id uuid.UUID
 	err := row.Scan(&machine_id)
 	return machine_id, err
@@ -30,7 +30,7 @@ SELECT gen_random_uuid() FROM generate_series(1, $1::INT8)
 
 // MachineCreateMany inserts count new machines.
 func (q *Queries) MachineCreateMany(ctx context.Context, count int64) (int64, error) {
-	result, err := q.db.ExecContext(ctx, machineCreateMany, count)
+	result, err := q.exec(ctx, q.machineCreateManyStmt, machineCreateMany, count)
 	if err != nil {
 		return 0, err
 	}
@@ -43,7 +43,7 @@ SELECT machine_id, machine_created_at FROM machines WHERE machine_id = $1
 
 // MachineGet returns one machine.
 func (q *Queries) MachineGet(ctx context.Context, machineID uuid.UUID) (Machine, error) {
-	row := q.db.QueryRowContext(ctx, machineGet, machineID)
+	row := q.queryRow(ctx, q.machineGetStmt, machineGet, machineID)
 	var i Machine
 	err := row.Scan(&i.MachineID, &i.MachineCreatedAt)
 	return i, err
@@ -74,7 +74,7 @@ type MachinesWithoutWorkParams struct {
 // applications whose only condition is "not being worked on"; most join their
 // tag tables instead.
 func (q *Queries) MachinesWithoutWork(ctx context.Context, arg MachinesWithoutWorkParams) ([]uuid.UUID, error) {
-	rows, err := q.db.QueryContext(ctx, machinesWithoutWork, arg.Process, arg.RowLimit)
+	rows, err := q.query(ctx, q.machinesWithoutWorkStmt, machinesWithoutWork, arg.Process, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -19,7 +19,7 @@ WHERE session_id = $1 AND deadline > now()
 // SessionCheck returns the session's id if it is alive on the database clock,
 // and no row otherwise. Every bmdb transaction runs it first.
 func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
-	row := q.db.QueryRowContext(ctx, sessionCheck, sessionID)
+	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
 	var session_id uuid.UUID
 	err := row.Scan(&session_id)
 	return session_id, err
@@ -32,7 +32,7 @@ DELETE FROM sessions WHERE session_id = $1
 // SessionDelete removes a session row; its work rows go with it (cascade).
 // Callers record their history first.
 func (q *Queries) SessionDelete(ctx context.Context, sessionID uuid.UUID) (int64, error) {
-	result, err := q.db.ExecContext(ctx, sessionDelete, sessionID)
+	result, err := q.exec(ctx, q.sessionDeleteStmt, sessionDelete, sessionID)
 	if err != nil {
 		return 0, err
 	}
@@ -48,7 +48,7 @@ WHERE deadline < now() - $1::FLOAT8 * INTERVAL '1 second'
 // grace_seconds ago. Callers first record Abandoned history for their work
 // (WorkAbandonExpired).
 func (q *Queries) SessionDeleteExpired(ctx context.Context, graceSeconds float64) (int64, error) {
-	result, err := q.db.ExecContext(ctx, sessionDeleteExpired, graceSeconds)
+	result, err := q.exec(ctx, q.sessionDeleteExpiredStmt, sessionDeleteExpired, graceSeconds)
 	if err != nil {
 		return 0, err
 	}
@@ -61,7 +61,7 @@ SELECT session_id, component_name, runtime_info, created_at, interval_seconds, d
 
 // SessionGet returns one session row, alive or not.
 func (q *Queries) SessionGet(ctx context.Context, sessionID uuid.UUID) (Session, error) {
-	row := q.db.QueryRowContext(ctx, sessionGet, sessionID)
+	row := q.queryRow(ctx, q.sessionGetStmt, sessionGet, sessionID)
 	var i Session
 	err := row.Scan(
 		&i.SessionID,
@@ -84,7 +84,7 @@ WHERE session_id = $1 AND deadline > now()
 // no row when the session has expired or is gone: an expired session is never
 // resurrected.
 func (q *Queries) SessionPoke(ctx context.Context, sessionID uuid.UUID) (int64, error) {
-	result, err := q.db.ExecContext(ctx, sessionPoke, sessionID)
+	result, err := q.exec(ctx, q.sessionPokeStmt, sessionPoke, sessionID)
 	if err != nil {
 		return 0, err
 	}
@@ -111,7 +111,7 @@ type SessionStartParams struct {
 // SessionStart inserts a new session whose deadline is one interval from now
 // on the database clock, and returns its id.
 func (q *Queries) SessionStart(ctx context.Context, arg SessionStartParams) (uuid.UUID, error) {
-	row := q.db.QueryRowContext(ctx, sessionStart, arg.ComponentName, arg.RuntimeInfo, arg.IntervalSeconds)
+	row := q.queryRow(ctx, q.sessionStartStmt, sessionStart, arg.ComponentName, arg.RuntimeInfo, arg.IntervalSeconds)
 	var session_id uuid.UUID
 	err := row.Scan(&session_id)
 	return session_id, err

@@ -37,7 +37,7 @@ type WorkAbandonExpiredParams struct {
 // has expired, recording Abandoned history for it. It affects no row when
 // there is no claim or its holder is alive.
 func (q *Queries) WorkAbandonExpired(ctx context.Context, arg WorkAbandonExpiredParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workAbandonExpired, arg.MachineID, arg.Process)
+	result, err := q.exec(ctx, q.workAbandonExpiredStmt, workAbandonExpired, arg.MachineID, arg.Process)
 	if err != nil {
 		return 0, err
 	}
@@ -65,7 +65,7 @@ RETURNING work_history.process
 // and returns the process of each. GC runs it right before
 // SessionDeleteExpired, in the same transaction.
 func (q *Queries) WorkAbandonOfExpiredSessions(ctx context.Context, graceSeconds float64) ([]string, error) {
-	rows, err := q.db.QueryContext(ctx, workAbandonOfExpiredSessions, graceSeconds)
+	rows, err := q.query(ctx, q.workAbandonOfExpiredSessionsStmt, workAbandonOfExpiredSessions, graceSeconds)
 	if err != nil {
 		return nil, err
 	}
@@ -85,6 +85,50 @@ func (q *Queries) WorkAbandonOfExpiredSessions(ctx context.Context, graceSeconds
 		return nil, err
 	}
 	return items, nil
+}
+
+const workClaim = `-- name: WorkClaim :execrows
+WITH claim AS (
+    INSERT INTO work (machine_id, process, session_id)
+    SELECT $2::UUID, $3::TEXT, $4::UUID
+    WHERE NOT EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = $2::UUID AND b.process = $3::TEXT
+          AND b.until > now()
+    )
+    ON CONFLICT (machine_id, process) DO NOTHING
+    RETURNING machine_id, process, session_id, started_at
+)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
+       $1::TEXT
+FROM claim
+`
+
+type WorkClaimParams struct {
+	ComponentName string    `json:"component_name"`
+	MachineID     uuid.UUID `json:"machine_id"`
+	Process       string    `json:"process"`
+	SessionID     uuid.UUID `json:"session_id"`
+}
+
+// WorkClaim claims (machine, process) for a session unless it is in backoff
+// or already claimed, recording Started; it affects no row then. It reads no
+// work row (the unique index decides), so on PostgreSQL an uncontended claim
+// takes no SERIALIZABLE read lock on the small, hot work index, and
+// concurrent claims of different machines do not conflict through it. A
+// concurrent claim of the same machine fails one of them with 40001.
+func (q *Queries) WorkClaim(ctx context.Context, arg WorkClaimParams) (int64, error) {
+	result, err := q.exec(ctx, q.workClaimStmt, workClaim,
+		arg.ComponentName,
+		arg.MachineID,
+		arg.Process,
+		arg.SessionID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
 }
 
 const workClaimState = `-- name: WorkClaimState :one
@@ -124,7 +168,7 @@ type WorkClaimStateRow struct {
 // machine exists, whether it is in backoff, and whether a claim exists and is
 // held by a live session.
 func (q *Queries) WorkClaimState(ctx context.Context, arg WorkClaimStateParams) (WorkClaimStateRow, error) {
-	row := q.db.QueryRowContext(ctx, workClaimState, arg.MachineID, arg.Process)
+	row := q.queryRow(ctx, q.workClaimStateStmt, workClaimState, arg.MachineID, arg.Process)
 	var i WorkClaimStateRow
 	err := row.Scan(
 		&i.MachineExists,
@@ -163,7 +207,7 @@ type WorkEndParams struct {
 // claim is gone or was taken over: that is the fence that keeps a stale
 // worker's Finish, Cancel or Fail from taking effect.
 func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workEnd,
+	result, err := q.exec(ctx, q.workEndStmt, workEnd,
 		arg.Event,
 		arg.FailedCause,
 		arg.ComponentName,
@@ -199,7 +243,7 @@ type WorkEndSessionParams struct {
 // (Canceled when the session closes cleanly, Abandoned when it had expired),
 // and returns the process of each.
 func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) ([]string, error) {
-	rows, err := q.db.QueryContext(ctx, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
+	rows, err := q.query(ctx, q.workEndSessionStmt, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +277,7 @@ type WorkGetParams struct {
 
 // WorkGet returns the claim of (machine, process), live or not.
 func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) {
-	row := q.db.QueryRowContext(ctx, workGet, arg.MachineID, arg.Process)
+	row := q.queryRow(ctx, q.workGetStmt, workGet, arg.MachineID, arg.Process)
 	var i Work
 	err := row.Scan(
 		&i.MachineID,
@@ -251,7 +295,7 @@ ORDER BY started_at, machine_id, process
 
 // WorkListBySession returns a session's claims, oldest first.
 func (q *Queries) WorkListBySession(ctx context.Context, sessionID uuid.UUID) ([]Work, error) {
-	rows, err := q.db.QueryContext(ctx, workListBySession, sessionID)
+	rows, err := q.query(ctx, q.workListBySessionStmt, workListBySession, sessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +345,7 @@ type WorkStartParams struct {
 // with its Started history row. A live claim makes it fail with a unique
 // violation.
 func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workStart,
+	result, err := q.exec(ctx, q.workStartStmt, workStart,
 		arg.ComponentName,
 		arg.MachineID,
 		arg.Process,

@@ -24,7 +24,7 @@ type WorkBackoffDeleteParams struct {
 
 // WorkBackoffDelete clears the backoff of (machine, process).
 func (q *Queries) WorkBackoffDelete(ctx context.Context, arg WorkBackoffDeleteParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workBackoffDelete, arg.MachineID, arg.Process)
+	result, err := q.exec(ctx, q.workBackoffDeleteStmt, workBackoffDelete, arg.MachineID, arg.Process)
 	if err != nil {
 		return 0, err
 	}
@@ -49,7 +49,7 @@ type WorkBackoffForMachineRow struct {
 // WorkBackoffForMachine returns every backoff row of a machine, in force or
 // expired (whose interval the next failure grows from).
 func (q *Queries) WorkBackoffForMachine(ctx context.Context, machineID uuid.UUID) ([]WorkBackoffForMachineRow, error) {
-	rows, err := q.db.QueryContext(ctx, workBackoffForMachine, machineID)
+	rows, err := q.query(ctx, q.workBackoffForMachineStmt, workBackoffForMachine, machineID)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ type WorkBackoffGetRow struct {
 // WorkBackoffGet returns the backoff row of (machine, process) with whether it
 // is still in force on the database clock.
 func (q *Queries) WorkBackoffGet(ctx context.Context, arg WorkBackoffGetParams) (WorkBackoffGetRow, error) {
-	row := q.db.QueryRowContext(ctx, workBackoffGet, arg.MachineID, arg.Process)
+	row := q.queryRow(ctx, q.workBackoffGetStmt, workBackoffGet, arg.MachineID, arg.Process)
 	var i WorkBackoffGetRow
 	err := row.Scan(
 		&i.MachineID,
@@ -127,7 +127,7 @@ type WorkBackoffIntervalParams struct {
 // WorkBackoffInterval returns the interval last used for (machine, process),
 // whether or not that backoff has expired; no row if there is none.
 func (q *Queries) WorkBackoffInterval(ctx context.Context, arg WorkBackoffIntervalParams) (float64, error) {
-	row := q.db.QueryRowContext(ctx, workBackoffInterval, arg.MachineID, arg.Process)
+	row := q.queryRow(ctx, q.workBackoffIntervalStmt, workBackoffInterval, arg.MachineID, arg.Process)
 	var interval_seconds float64
 	err := row.Scan(&interval_seconds)
 	return interval_seconds, err
@@ -158,7 +158,7 @@ type WorkBackoffUpsertParams struct {
 // now on the database clock, remembering interval_seconds (the un-jittered
 // interval) so that the next failure grows from it.
 func (q *Queries) WorkBackoffUpsert(ctx context.Context, arg WorkBackoffUpsertParams) error {
-	_, err := q.db.ExecContext(ctx, workBackoffUpsert,
+	_, err := q.exec(ctx, q.workBackoffUpsertStmt, workBackoffUpsert,
 		arg.MachineID,
 		arg.Process,
 		arg.WaitSeconds,

@@ -21,7 +21,7 @@ ORDER BY at, id
 
 // WorkHistoryForMachine returns a machine's history, oldest first.
 func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID) ([]WorkHistory, error) {
-	rows, err := q.db.QueryContext(ctx, workHistoryForMachine, machineID)
+	rows, err := q.query(ctx, q.workHistoryForMachineStmt, workHistoryForMachine, machineID)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +66,7 @@ type WorkHistoryForProcessSinceParams struct {
 // WorkHistoryForProcessSince returns a process's events since a time, oldest
 // first.
 func (q *Queries) WorkHistoryForProcessSince(ctx context.Context, arg WorkHistoryForProcessSinceParams) ([]WorkHistory, error) {
-	rows, err := q.db.QueryContext(ctx, workHistoryForProcessSince, arg.Process, arg.Since)
+	rows, err := q.query(ctx, q.workHistoryForProcessSinceStmt, workHistoryForProcessSince, arg.Process, arg.Since)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ type WorkHistoryInsertParams struct {
 // WorkHistoryInsert records one event that is not part of a claim's life,
 // e.g. an operator's BackoffCleared.
 func (q *Queries) WorkHistoryInsert(ctx context.Context, arg WorkHistoryInsertParams) error {
-	_, err := q.db.ExecContext(ctx, workHistoryInsert,
+	_, err := q.exec(ctx, q.workHistoryInsertStmt, workHistoryInsert,
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
@@ -145,7 +145,7 @@ type WorkHistoryPruneParams struct {
 // than older_than_seconds on the database clock. Retention calls it until it
 // deletes nothing, one transaction per batch.
 func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPruneParams) (int64, error) {
-	result, err := q.db.ExecContext(ctx, workHistoryPrune, arg.OlderThanSeconds, arg.BatchSize)
+	result, err := q.exec(ctx, q.workHistoryPruneStmt, workHistoryPrune, arg.OlderThanSeconds, arg.BatchSize)
 	if err != nil {
 		return 0, err
 	}
@@ -170,7 +170,7 @@ type WorkHistoryRecentEventsParams struct {
 // process since a time, newest first: an index range scan on
 // (process, event, at), e.g. the last hour of failures.
 func (q *Queries) WorkHistoryRecentEvents(ctx context.Context, arg WorkHistoryRecentEventsParams) ([]WorkHistory, error) {
-	rows, err := q.db.QueryContext(ctx, workHistoryRecentEvents,
+	rows, err := q.query(ctx, q.workHistoryRecentEventsStmt, workHistoryRecentEvents,
 		arg.Process,
 		arg.Event,
 		arg.Since,
@@ -220,7 +220,7 @@ type WorkHistorySummaryRow struct {
 
 // WorkHistorySummary counts history events per process and event.
 func (q *Queries) WorkHistorySummary(ctx context.Context) ([]WorkHistorySummaryRow, error) {
-	rows, err := q.db.QueryContext(ctx, workHistorySummary)
+	rows, err := q.query(ctx, q.workHistorySummaryStmt, workHistorySummary)
 	if err != nil {
 		return nil, err
 	}

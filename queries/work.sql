@@ -112,3 +112,26 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 -- WorkListBySession returns a session's claims, oldest first.
 SELECT * FROM work WHERE session_id = sqlc.arg(session_id)
 ORDER BY started_at, machine_id, process;
+
+-- name: WorkClaim :execrows
+-- WorkClaim claims (machine, process) for a session unless it is in backoff
+-- or already claimed, recording Started; it affects no row then. It reads no
+-- work row (the unique index decides), so on PostgreSQL an uncontended claim
+-- takes no SERIALIZABLE read lock on the small, hot work index, and
+-- concurrent claims of different machines do not conflict through it. A
+-- concurrent claim of the same machine fails one of them with 40001.
+WITH claim AS (
+    INSERT INTO work (machine_id, process, session_id)
+    SELECT sqlc.arg(machine_id)::UUID, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID
+    WHERE NOT EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = sqlc.arg(machine_id)::UUID AND b.process = sqlc.arg(process)::TEXT
+          AND b.until > now()
+    )
+    ON CONFLICT (machine_id, process) DO NOTHING
+    RETURNING machine_id, process, session_id, started_at
+)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
+       sqlc.arg(component_name)::TEXT
+FROM claim;
