@@ -1,0 +1,272 @@
+// Command bench measures bmdb's claim cycle against the database's floor
+// (two small SERIALIZABLE transactions per item) and River, and runs a scale
+// and a contention benchmark. See README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+)
+
+type config struct {
+	dsn             string
+	machines        int
+	workers         []int
+	rounds          int
+	pick            pick
+	candidates      int
+	scale           []int
+	scaleClaims     int
+	contentionItems int
+	riverCooldown   time.Duration
+	only            map[string]bool
+	keep            bool
+}
+
+func parseFlags() (config, error) {
+	var c config
+	var workers, scale, only, pk string
+	quick := flag.Bool("quick", false, "the quick run of make bench: -machines 2000 -scale 10000,100000 -scale-claims 300 -contention-items 300 (explicit flags win)")
+	flag.StringVar(&c.dsn, "dsn", os.Getenv("BMDB_DSN"), "PostgreSQL DSN of a user that may create databases (default $BMDB_DSN)")
+	flag.IntVar(&c.machines, "machines", 10000, "M: machines (and River jobs) per throughput run")
+	flag.StringVar(&workers, "workers", "1,8,32", "N: worker counts of the throughput table")
+	flag.IntVar(&c.rounds, "rounds", 3, "rounds of the throughput table, interleaving floor, bmdb and River; the median is reported")
+	flag.StringVar(&pk, "pick", string(pickShuffle), "how bmdb workers choose among candidates: first, shuffle or offset")
+	flag.IntVar(&c.candidates, "candidates", 16, "candidates per retrieval (and the offset range of -pick offset)")
+	flag.StringVar(&scale, "scale", "10000,1000000", "machine counts of the scale run")
+	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
+	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
+	flag.DurationVar(&c.riverCooldown, "river-cooldown", time.Millisecond, "River's FetchCooldown (its default is 100ms, which caps its throughput)")
+	flag.StringVar(&only, "only", "table,picks,scale,contention", "sections to run")
+	flag.BoolVar(&c.keep, "keep", false, "keep the bench databases afterwards")
+	retrieval := flag.String("retrieval", "full", "bmdb retrieval: full (excludes claimed machines and backoff, as most applications write it) or lean (pending machines only; Work skips the rest)")
+	flag.Parse()
+	switch *retrieval {
+	case "full":
+	case "lean":
+		leanRetrieval = true
+	default:
+		fmt.Fprintf(os.Stderr, "bench: -retrieval %q: want full or lean\n", *retrieval)
+		os.Exit(2)
+	}
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if *quick {
+		for name, v := range map[string]string{"machines": "2000", "scale": "10000,100000", "scale-claims": "300", "contention-items": "300"} {
+			if !set[name] {
+				flag.Set(name, v)
+			}
+		}
+		workers, scale = flag.Lookup("workers").Value.String(), flag.Lookup("scale").Value.String()
+	}
+	var err error
+	if c.workers, err = ints(workers); err != nil {
+		return c, fmt.Errorf("-workers: %w", err)
+	}
+	if c.scale, err = ints(scale); err != nil {
+		return c, fmt.Errorf("-scale: %w", err)
+	}
+	c.pick = pick(pk)
+	if !slices.Contains([]pick{pickFirst, pickShuffle, pickOffset}, c.pick) {
+		return c, fmt.Errorf("-pick %q: want first, shuffle or offset", pk)
+	}
+	c.only = map[string]bool{}
+	for _, s := range strings.Split(only, ",") {
+		c.only[strings.TrimSpace(s)] = true
+	}
+	if c.dsn == "" {
+		return c, fmt.Errorf("no database: set -dsn or BMDB_DSN (make bench starts a throwaway PostgreSQL)")
+	}
+	return c, nil
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive integer", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func main() {
+	cfg, err := parseFlags()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// Databases the bench creates on the server (and drops unless -keep).
+const (
+	bmdbDatabase  = "bmdb_bench"
+	riverDatabase = "bmdb_bench_river"
+)
+
+func run(ctx context.Context, cfg config) error {
+	start := time.Now()
+	dsn, err := freshDatabase(ctx, cfg.dsn, bmdbDatabase)
+	if err != nil {
+		return err
+	}
+	if !cfg.keep {
+		defer dropDatabase(context.Background(), cfg.dsn, bmdbDatabase)
+	}
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "bench"})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	if _, err := conn.DB().ExecContext(ctx, benchSchema); err != nil {
+		return fmt.Errorf("bench schema: %w", err)
+	}
+	fmt.Printf("bmdb bench: M=%d machines, N=%v workers, %d rounds, pick=%s/%d, lean retrieval=%v, River FetchCooldown=%v\n",
+		cfg.machines, cfg.workers, cfg.rounds, cfg.pick, cfg.candidates, leanRetrieval, cfg.riverCooldown)
+	if cfg.only["table"] {
+		if err := runTable(ctx, cfg, dsn, conn); err != nil {
+			return err
+		}
+	}
+	if cfg.only["picks"] {
+		if err := runPicks(ctx, cfg, conn); err != nil {
+			return err
+		}
+	}
+	if cfg.only["scale"] {
+		fmt.Printf("\n== Scale: %d claim cycles by 1 worker per size ==\n", cfg.scaleClaims)
+		var rs []scaleResult
+		for _, size := range cfg.scale {
+			r, err := runScale(ctx, conn, size, cfg.scaleClaims)
+			if err != nil {
+				return fmt.Errorf("scale %d: %w", size, err)
+			}
+			rs = append(rs, r)
+		}
+		printScale(os.Stdout, rs)
+	}
+	if cfg.only["contention"] {
+		fmt.Printf("\n== Contention: 32 workers, %d machines, 1 claimable at a time ==\n", cfg.contentionItems)
+		c, err := runContention(ctx, conn, 32, cfg.contentionItems)
+		if err != nil {
+			return fmt.Errorf("contention: %w", err)
+		}
+		printContention(os.Stdout, c)
+	}
+	fmt.Printf("\nbench done in %v\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// runTable measures floor, bmdb and River for every worker count, in
+// interleaved rounds, and prints medians and ratios.
+func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection) error {
+	riverDSN, err := freshDatabase(ctx, cfg.dsn, riverDatabase)
+	if err != nil {
+		return err
+	}
+	if !cfg.keep {
+		defer dropDatabase(context.Background(), cfg.dsn, riverDatabase)
+	}
+	rb, err := newRiverBench(ctx, riverDSN, cfg.riverCooldown)
+	if err != nil {
+		return err
+	}
+	defer rb.Close()
+	db := conn.DB()
+	floor, bm, rv := map[int][]result{}, map[int][]result{}, map[int][]result{}
+	var checks []string
+	for round := 1; round <= cfg.rounds; round++ {
+		for _, n := range cfg.workers {
+			if err := seed(ctx, db, cfg.machines); err != nil {
+				return err
+			}
+			r, err := runFloor(ctx, dsn, db, n)
+			if err != nil {
+				return err
+			}
+			floor[n] = append(floor[n], r)
+			fmt.Fprintf(os.Stderr, "round %d N=%d floor %.0f/s", round, n, r.rate())
+
+			r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, cfg.candidates)
+			if err != nil {
+				return err
+			}
+			bm[n] = append(bm[n], r)
+			checks = append(checks, fmt.Sprintf("round %d N=%-2d %s", round, n, chk))
+			fmt.Fprintf(os.Stderr, ", bmdb %.0f/s", r.rate())
+
+			if r, err = rb.run(ctx, cfg.machines, n); err != nil {
+				return err
+			}
+			rv[n] = append(rv[n], r)
+			fmt.Fprintf(os.Stderr, ", River %.0f/s\n", r.rate())
+		}
+	}
+	fmt.Printf("\n== Throughput: M=%d items, median of %d rounds ==\n", cfg.machines, cfg.rounds)
+	t := newTable(os.Stdout, "N", "floor items/s", "bmdb items/s", "River jobs/s", "bmdb/floor", "bmdb/River",
+		"bmdb tx/item", "retries", "conflicts", "claim p50", "claim p99")
+	for _, n := range cfg.workers {
+		f, b, r := median(floor[n]), median(bm[n]), median(rv[n])
+		t.row(fmt.Sprint(n), f0(f.rate()), f0(b.rate()), f0(r.rate()), ratio(b.rate(), f.rate()), ratio(b.rate(), r.rate()),
+			f2(float64(b.attempts)/float64(max(b.items, 1))), fmt.Sprint(b.retries), fmt.Sprint(b.conflicts),
+			ms(b.claims.pct(50)), ms(b.claims.pct(99)))
+	}
+	t.flush()
+	fmt.Println("exactly-once check (work_history, per bmdb run):")
+	for _, c := range checks {
+		fmt.Println("  " + c)
+	}
+	return nil
+}
+
+// bmdbOnce seeds m machines, processes them with n workers and checks that
+// each was finished exactly once.
+func bmdbOnce(ctx context.Context, conn *bmdb.Connection, m, n int, p pick, k int) (result, check, error) {
+	const process = "bench"
+	if err := seed(ctx, conn.DB(), m); err != nil {
+		return result{}, check{}, err
+	}
+	r, err := throughputCycle(conn, process, p, k).run(ctx, n)
+	if err != nil {
+		return r, check{}, err
+	}
+	chk, err := verify(ctx, conn.DB(), process)
+	if err == nil && (chk.none != 0 || chk.many != 0) {
+		err = fmt.Errorf("exactly-once check failed: %s", chk)
+	}
+	return r, chk, err
+}
+
+// runPicks compares candidate choices at the largest worker count.
+func runPicks(ctx context.Context, cfg config, conn *bmdb.Connection) error {
+	n := slices.Max(cfg.workers)
+	fmt.Printf("\n== Candidate choice: bmdb, N=%d, M=%d, %d candidates ==\n", n, cfg.machines, cfg.candidates)
+	t := newTable(os.Stdout, "pick", "items/s", "tx/item", "retries", "conflicts", "claim p50", "claim p99", "exactly once")
+	for _, p := range []pick{pickFirst, pickShuffle, pickOffset} {
+		r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, p, cfg.candidates)
+		if err != nil {
+			return fmt.Errorf("pick %s: %w", p, err)
+		}
+		t.row(string(p), f0(r.rate()), f2(float64(r.attempts)/float64(max(r.items, 1))), fmt.Sprint(r.retries),
+			fmt.Sprint(r.conflicts), ms(r.claims.pct(50)), ms(r.claims.pct(99)), fmt.Sprint(chk.none == 0 && chk.many == 0))
+	}
+	t.flush()
+	return nil
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"github.com/riverqueue/river/rivermigrate"
+)
+
+// benchArgs is the River job: one per machine, doing nothing.
+type benchArgs struct {
+	Seq int `json:"seq"`
+}
+
+func (benchArgs) Kind() string { return "bench" }
+
+type benchWorker struct {
+	river.WorkerDefaults[benchArgs]
+}
+
+func (benchWorker) Work(context.Context, *river.Job[benchArgs]) error { return nil }
+
+// riverBench is River on its own database, migrated by rivermigrate, through
+// lib/pq and database/sql like bmdb.
+type riverBench struct {
+	db       *sql.DB
+	cooldown time.Duration
+}
+
+func newRiverBench(ctx context.Context, dsn string, cooldown time.Duration) (*riverBench, error) {
+	db, err := openPool(dsn)
+	if err != nil {
+		return nil, err
+	}
+	migrator, err := rivermigrate.New(riverdatabasesql.New(db), nil)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	if _, err := migrator.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("river migrations: %w", err)
+	}
+	return &riverBench{db: db, cooldown: cooldown}, nil
+}
+
+func (r *riverBench) Close() error { return r.db.Close() }
+
+// run inserts m jobs (not timed), then works them with n workers and times
+// until River reports all m completed.
+func (r *riverBench) run(ctx context.Context, m, n int) (result, error) {
+	if _, err := r.db.ExecContext(ctx, `TRUNCATE river_job`); err != nil {
+		return result{}, err
+	}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, benchWorker{})
+	client, err := river.NewClient(riverdatabasesql.New(r.db), &river.Config{
+		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: n}},
+		Workers:           workers,
+		PollOnly:          true, // database/sql has no LISTEN
+		FetchCooldown:     r.cooldown,
+		FetchPollInterval: max(r.cooldown, 10*time.Millisecond),
+		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return result{}, err
+	}
+	params := make([]river.InsertManyParams, m)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: benchArgs{Seq: i}}
+	}
+	for i := 0; i < m; i += 1000 {
+		if _, err := client.InsertMany(ctx, params[i:min(i+1000, m)]); err != nil {
+			return result{}, fmt.Errorf("river insert: %w", err)
+		}
+	}
+	if _, err := r.db.ExecContext(ctx, `VACUUM ANALYZE river_job`); err != nil {
+		return result{}, err
+	}
+	events, cancel := client.SubscribeConfig(&river.SubscribeConfig{
+		ChanSize: m + 1, Kinds: []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
+	})
+	defer cancel()
+	start := time.Now()
+	if err := client.Start(ctx); err != nil {
+		return result{}, err
+	}
+	done := 0
+	for done < m {
+		select {
+		case ev := <-events:
+			if ev.Kind != river.EventKindJobCompleted {
+				return result{}, fmt.Errorf("river job %d failed", ev.Job.ID)
+			}
+			done++
+		case <-ctx.Done():
+			return result{}, ctx.Err()
+		}
+	}
+	elapsed := time.Since(start)
+	stopCtx, stop := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer stop()
+	if err := client.Stop(stopCtx); err != nil {
+		return result{}, err
+	}
+	var completed int
+	if err := r.db.QueryRowContext(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&completed); err != nil {
+		return result{}, err
+	}
+	if completed != m {
+		return result{}, fmt.Errorf("river: %d of %d jobs completed", completed, m)
+	}
+	return result{items: m, elapsed: elapsed}, nil
+}
