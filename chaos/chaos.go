@@ -1,0 +1,492 @@
+// Package chaos is bmdb's fault-injection harness (cmd/bmdb-chaos runs it).
+//
+// It starts a throwaway PostgreSQL cluster, seeds machines, and runs a fleet
+// of workers as separate OS processes (the harness binary re-executed in
+// worker mode), each a worker.Loop whose Finish commits one effect row per
+// item. Every worker reaches the database through its own TCP proxy on
+// 127.0.0.1. While the fleet works, the harness injects faults at seeded
+// random times: SIGKILL and restart of a worker, a PostgreSQL restart (fast
+// shutdown), pg_terminate_backend of a worker's connections, a partition
+// of one worker (its proxy resets or blackholes its connections) for longer
+// than the session interval, and a stall (SIGSTOP for longer than the
+// interval, then SIGCONT).
+//
+// Afterwards it checks the database and the workers' logs: every item has
+// exactly one effect; every effect was committed under a claim its session
+// held, by a transaction that began before the session's deadline and
+// committed before it; no two claims of one (machine, process) overlapped
+// in work_history, and none was taken over before its session's deadline;
+// every abandoned claim was released within interval + GC period of its
+// session's deadline; no item is left stuck; a stalled worker reports its
+// claims lost after waking. It prints the figures and the violations.
+package chaos
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	_ "github.com/lib/pq" // the harness's own connections
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+)
+
+// Config configures a harness run. CIConfig returns the CI mode's.
+type Config struct {
+	Seed        uint64
+	Workers     int           // worker processes
+	Concurrency int           // claimers per worker
+	Items       int           // items seeded at the start, and per top-up while faults run
+	Faults      int           // CI mode: faults to inject, at least one of each kind
+	Soak        time.Duration // soak mode when positive: inject faults for this long
+	Gap         [2]time.Duration
+
+	Interval     time.Duration // bmdb session interval of the workers
+	GCPeriod     time.Duration // bmdb GC period of the workers
+	WorkMin      time.Duration // shortest simulated work per item
+	WorkMax      time.Duration // longest simulated work per item
+	ReclaimSlack time.Duration // allowed beyond interval + GC period, for scheduling delays
+	DrainTimeout time.Duration // how long items may take to finish after the last fault
+	Timeout      time.Duration // bounds the whole run
+
+	Repo          string   // repository root, for scripts/pg-start and pg-stop
+	PGDir         string   // cluster directory; a new one in the temp dir if empty
+	KeepPG        bool     // leave the cluster running (and its directory)
+	LogDir        string   // worker logs; a new temp directory if empty
+	WorkerCommand []string // argv prefix running one worker, e.g. {exe, "worker"}
+	Out           io.Writer
+}
+
+// CIConfig returns the CI mode: 4 workers of 2 claimers, 1 s session
+// interval and GC period, a few hundred items, 11 faults (every kind at
+// least once), bounded to 4 minutes.
+func CIConfig() Config {
+	return Config{
+		Seed: 1, Workers: 4, Concurrency: 2, Items: 160, Faults: 11,
+		Gap:      [2]time.Duration{500 * time.Millisecond, 2 * time.Second},
+		Interval: time.Second, GCPeriod: time.Second,
+		WorkMin: 200 * time.Millisecond, WorkMax: 800 * time.Millisecond,
+		ReclaimSlack: 500 * time.Millisecond, DrainTimeout: 30 * time.Second, Timeout: 4 * time.Minute,
+		Out: os.Stdout,
+	}
+}
+
+func (c Config) validate() error {
+	switch {
+	case c.Workers < 1 || c.Concurrency < 1 || c.Items < 1:
+		return errors.New("chaos: workers, concurrency and items must be positive")
+	case c.Soak <= 0 && c.Faults < len(FaultKinds):
+		return fmt.Errorf("chaos: CI mode needs at least %d faults, one of each kind", len(FaultKinds))
+	case c.Interval < 100*time.Millisecond || c.GCPeriod <= 0:
+		return errors.New("chaos: interval must be at least 100ms and GC period positive")
+	case c.WorkMin < 0 || c.WorkMax < c.WorkMin:
+		return errors.New("chaos: need 0 <= work-min <= work-max")
+	case c.Gap[0] < 0 || c.Gap[1] < c.Gap[0]:
+		return errors.New("chaos: bad gap between faults")
+	case c.Timeout <= 0 || c.DrainTimeout <= 0:
+		return errors.New("chaos: timeouts must be positive")
+	case len(c.WorkerCommand) == 0:
+		return errors.New("chaos: no worker command")
+	case c.Repo == "":
+		return errors.New("chaos: no repository root (for scripts/pg-start)")
+	}
+	return nil
+}
+
+// harness is one run's state.
+type harness struct {
+	cfg            Config
+	rng            *rand.Rand
+	began          time.Time
+	cluster        *Cluster
+	db             *sql.DB // the harness's own connections, not through proxies
+	fleet          *fleet
+	faults         []Fault
+	partitionModes map[string]int
+	stuck          map[uuid.UUID]string // items not done at the end of the drain, and their claim then
+}
+
+// Run runs the harness and returns its report. An error means the harness
+// itself could not run; violations are in the report (Report.OK).
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	if cfg.Out == nil {
+		cfg.Out = io.Discard
+	}
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	h := &harness{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6368616f73)), began: time.Now(), partitionModes: map[string]int{}}
+	r := &Report{Seed: cfg.Seed, Workers: cfg.Workers, Concurrency: cfg.Concurrency, Interval: cfg.Interval,
+		GCPeriod: cfg.GCPeriod, ReclaimBound: cfg.Interval + cfg.GCPeriod + cfg.ReclaimSlack, Soak: cfg.Soak}
+	err := h.run(ctx, r)
+	r.Runtime = time.Since(h.began)
+	return r, err
+}
+
+func (h *harness) run(ctx context.Context, r *Report) error {
+	dsn, stop, err := h.setUpDatabase(ctx)
+	if stop != nil {
+		defer stop()
+	}
+	if err != nil {
+		return err
+	}
+	defer h.db.Close()
+	if err := h.startFleet(dsn); err != nil {
+		return err
+	}
+	r.LogDir = h.fleet.logDir
+	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %d workers up (logs in %s), database %s\n", h.cfg.Workers, h.fleet.logDir, strings.SplitN(dsn, "?", 2)[0])
+
+	loadCtx, stopLoad := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); h.keepLoaded(loadCtx) }()
+	err = h.injectAll(ctx)
+	stopLoad()
+	wg.Wait()
+	if err == nil {
+		h.drain(ctx)
+	}
+	for _, s := range h.fleet.stopAll(15 * time.Second) {
+		r.violate("%s", s)
+	}
+	for _, s := range h.fleet.unexpectedExits() {
+		r.violate("%s", s)
+	}
+	for _, p := range h.fleet.procs {
+		p.proxy.Close()
+	}
+	r.Faults, r.PartitionModes = map[FaultKind]int{}, h.partitionModes
+	for _, f := range h.faults {
+		r.Faults[f.Kind]++
+	}
+	if err != nil {
+		return err
+	}
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	defer ccancel()
+	return h.check(cctx, r)
+}
+
+// setUpDatabase starts the cluster with commit timestamps on, creates and
+// migrates the test database, and adds the harness's tables.
+func (h *harness) setUpDatabase(ctx context.Context) (dsn string, stop func(), err error) {
+	dir := h.cfg.PGDir
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "bmdb-chaos-pg."); err != nil {
+			return "", nil, err
+		}
+	}
+	h.cluster, err = StartCluster(ctx, h.cfg.Repo, dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	stop = func() {
+		if h.cfg.KeepPG {
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: PostgreSQL left running in %s (%s); stop it with scripts/pg-stop\n", dir, h.cluster.DSN)
+			return
+		}
+		if err := h.cluster.Stop(); err != nil {
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: stopping PostgreSQL: %v\n", err)
+		}
+	}
+	admin, err := sql.Open("postgres", h.cluster.DSN)
+	if err != nil {
+		return "", stop, err
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, enableCommitTSSQL); err != nil {
+		return "", stop, fmt.Errorf("chaos: %w", err)
+	}
+	if err := h.cluster.Restart(ctx); err != nil {
+		return "", stop, err
+	}
+	if _, err := admin.ExecContext(ctx, `CREATE DATABASE bmdb_chaos`); err != nil {
+		return "", stop, fmt.Errorf("chaos: creating database: %w", err)
+	}
+	dsn, err = withParams(h.cluster.DSN, "", "bmdb_chaos", "chaos-harness")
+	if err != nil {
+		return "", stop, err
+	}
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "chaos-harness"})
+	if err != nil {
+		return "", stop, fmt.Errorf("chaos: migrating: %w", err)
+	}
+	conn.Close()
+	if h.db, err = sql.Open("postgres", dsn); err != nil {
+		return "", stop, err
+	}
+	if _, err := h.db.ExecContext(ctx, schemaSQL); err != nil {
+		h.db.Close()
+		return "", stop, fmt.Errorf("chaos: creating harness tables: %w", err)
+	}
+	if _, err := h.db.ExecContext(ctx, seedSQL, h.cfg.Items); err != nil {
+		h.db.Close()
+		return "", stop, fmt.Errorf("chaos: seeding items: %w", err)
+	}
+	return dsn, stop, nil
+}
+
+// startFleet starts one proxy and one worker process per worker.
+func (h *harness) startFleet(dsn string) error {
+	logDir := h.cfg.LogDir
+	if logDir == "" {
+		var err error
+		if logDir, err = os.MkdirTemp("", "bmdb-chaos-logs."); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(logDir, 0o755); err != nil {
+		return err
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return err
+	}
+	h.fleet = &fleet{argv: h.cfg.WorkerCommand, logDir: logDir}
+	for id := range h.cfg.Workers {
+		proxy, err := NewProxy(u.Host)
+		if err != nil {
+			return err
+		}
+		app := fmt.Sprintf("chaos-w%d", id)
+		wdsn, err := withParams(dsn, proxy.Addr(), "", app)
+		if err != nil {
+			return err
+		}
+		cfg := WorkerConfig{DSN: wdsn, ID: id, Seed: h.cfg.Seed*100 + uint64(id), Interval: h.cfg.Interval,
+			GCPeriod: h.cfg.GCPeriod, Concurrency: h.cfg.Concurrency, WorkMin: h.cfg.WorkMin, WorkMax: h.cfg.WorkMax}
+		if err := h.fleet.add(cfg, app, proxy); err != nil {
+			proxy.Close()
+			return err
+		}
+	}
+	return nil
+}
+
+// injectAll injects the CI schedule, or random faults until the soak time
+// is over, each after a random gap.
+func (h *harness) injectAll(ctx context.Context) error {
+	if err := sleep(ctx, 1500*time.Millisecond); err != nil { // let the fleet get going
+		return err
+	}
+	gap := func() time.Duration {
+		return h.cfg.Gap[0] + time.Duration(h.rng.Int64N(int64(h.cfg.Gap[1]-h.cfg.Gap[0])+1))
+	}
+	if h.cfg.Soak > 0 {
+		end := time.Now().Add(h.cfg.Soak)
+		for time.Now().Before(end) {
+			if err := sleep(ctx, gap()); err != nil {
+				return err
+			}
+			if err := h.inject(ctx, FaultKinds[h.rng.IntN(len(FaultKinds))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, kind := range h.schedule(h.cfg.Faults) {
+		if err := sleep(ctx, gap()); err != nil {
+			return err
+		}
+		if err := h.inject(ctx, kind); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// keepLoaded adds items whenever fewer than Items/2 are left, so that faults
+// always land on a busy fleet, and prints progress every 5 s.
+func (h *harness) keepLoaded(ctx context.Context) {
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	lastPrint := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		total, done, err := h.progress(ctx)
+		if err != nil {
+			continue // the database may be restarting
+		}
+		if total-done < h.cfg.Items/2 {
+			_, _ = h.db.ExecContext(ctx, seedSQL, h.cfg.Items/2)
+		}
+		if time.Since(lastPrint) >= 5*time.Second {
+			lastPrint = time.Now()
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs %d of %d items done, %d faults\n", time.Since(h.began).Seconds(), done, total, len(h.faults))
+		}
+	}
+}
+
+func (h *harness) progress(ctx context.Context) (total, done int, err error) {
+	qctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	err = h.db.QueryRowContext(qctx, progressSQL).Scan(&total, &done)
+	return total, done, err
+}
+
+// drain waits until every item has an effect, or DrainTimeout (the checker
+// then reports the stuck items).
+func (h *harness) drain(ctx context.Context) {
+	end := time.Now().Add(h.cfg.DrainTimeout)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		total, done, err := h.progress(ctx)
+		if err == nil && done == total {
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs all %d items done\n", time.Since(h.began).Seconds(), total)
+			return
+		}
+		_ = sleep(ctx, 200*time.Millisecond)
+	}
+	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: items still not done %v after the last fault\n", h.cfg.DrainTimeout)
+	h.stuck = map[uuid.UUID]string{}
+	rows, err := h.db.QueryContext(ctx, stuckSQL, Process)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m uuid.UUID
+		var what string
+		if rows.Scan(&m, &what) == nil {
+			h.stuck[m] = what
+		}
+	}
+}
+
+// withParams returns the URL dsn with host (if not empty), database (if
+// not empty) and application_name replaced.
+func withParams(dsn, host, database, app string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("chaos: DSN is not a URL: %w", err)
+	}
+	if host != "" {
+		u.Host = host
+	}
+	if database != "" {
+		u.Path = "/" + database
+	}
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// FindRepo returns the repository root above dir: the directory holding
+// go.mod and scripts/pg-start.
+func FindRepo(dir string) (string, error) {
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "scripts", "pg-start")); err == nil {
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				return dir, nil
+			}
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("chaos: no repository root (go.mod and scripts/pg-start) above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Report is a run's figures and violations.
+type Report struct {
+	Seed                 uint64
+	Soak                 time.Duration
+	Workers, Concurrency int
+	Interval, GCPeriod   time.Duration
+	Runtime              time.Duration
+	LogDir               string
+	Faults               map[FaultKind]int
+	PartitionModes       map[string]int
+	Items, Processed     int // items seeded, items with an effect
+	Effects              int // effect rows
+	Events               map[string]int
+	Reclaims             []time.Duration // Abandoned at - session's final deadline, sorted
+	ReclaimBound         time.Duration   // interval + GC period + slack
+	MinCommitMargin      time.Duration   // least (session deadline - effect commit)
+	Violations           []string
+}
+
+func (r *Report) violate(format string, args ...any) {
+	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
+}
+
+// OK reports whether the run found no violation.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+// Print writes the figures and every violation.
+func (r *Report) Print(w io.Writer) {
+	verdict := "PASS"
+	if !r.OK() {
+		verdict = "FAIL"
+	}
+	mode := "CI mode"
+	if r.Soak > 0 {
+		mode = fmt.Sprintf("soak mode (%v)", r.Soak)
+	}
+	fmt.Fprintf(w, "bmdb-chaos: %s: seed %d, %s, %d workers x %d claimers, interval %v, GC period %v, runtime %v\n",
+		verdict, r.Seed, mode, r.Workers, r.Concurrency, r.Interval, r.GCPeriod, r.Runtime.Round(100*time.Millisecond))
+	total, parts := 0, []string{}
+	for _, k := range FaultKinds {
+		n := r.Faults[k]
+		total += n
+		s := fmt.Sprintf("%s %d", k, n)
+		if k == FaultPartition && n > 0 {
+			s += fmt.Sprintf(" (reset %d, blackhole %d)", r.PartitionModes["reset"], r.PartitionModes["blackhole"])
+		}
+		parts = append(parts, s)
+	}
+	fmt.Fprintf(w, "  faults:     %d: %s\n", total, strings.Join(parts, ", "))
+	fmt.Fprintf(w, "  items:      %d seeded, %d processed, %d effect rows\n", r.Items, r.Processed, r.Effects)
+	var ev []string
+	for _, e := range []string{"Started", "Finished", "Abandoned", "Canceled", "Failed"} {
+		ev = append(ev, fmt.Sprintf("%s %d", e, r.Events[e]))
+	}
+	fmt.Fprintf(w, "  claims:     %s\n", strings.Join(ev, ", "))
+	if n := len(r.Reclaims); n > 0 {
+		fmt.Fprintf(w, "  reclaim:    %d abandoned claims released after their session's deadline in max %v, p99 %v, p50 %v (bound %v)\n",
+			n, r.Reclaims[n-1].Round(time.Millisecond), quantile(r.Reclaims, 0.99).Round(time.Millisecond),
+			quantile(r.Reclaims, 0.5).Round(time.Millisecond), r.ReclaimBound)
+	} else {
+		fmt.Fprintf(w, "  reclaim:    no abandoned claims\n")
+	}
+	fmt.Fprintf(w, "  deadlines:  closest effect commit %v before its session's deadline\n", r.MinCommitMargin.Round(time.Millisecond))
+	fmt.Fprintf(w, "  violations: %d\n", len(r.Violations))
+	vs := append([]string(nil), r.Violations...)
+	sort.Strings(vs)
+	for _, v := range vs {
+		fmt.Fprintf(w, "    VIOLATION: %s\n", v)
+	}
+	if r.LogDir != "" {
+		fmt.Fprintf(w, "  worker logs: %s\n", r.LogDir)
+	}
+}
+
+// quantile returns the q-quantile of sorted ds (nearest rank).
+func quantile(ds []time.Duration, q float64) time.Duration {
+	i := int(float64(len(ds))*q+0.999999) - 1
+	return ds[max(0, min(i, len(ds)-1))]
+}

@@ -1,0 +1,350 @@
+package chaos
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// check runs every check over the database and the workers' logs, adding
+// violations and figures to r.
+func (h *harness) check(ctx context.Context, r *Report) error {
+	final, err := h.finalDeadlines(ctx)
+	if err != nil {
+		return err
+	}
+	if err := h.checkItems(ctx, r); err != nil {
+		return err
+	}
+	if err := h.checkEffects(ctx, r, final); err != nil {
+		return err
+	}
+	if err := h.checkHistory(ctx, r, final); err != nil {
+		return err
+	}
+	for _, w := range h.fleet.procs {
+		h.checkLog(r, w)
+	}
+	return nil
+}
+
+// finalDeadlines returns every session's last deadline (chaos_session_log).
+func (h *harness) finalDeadlines(ctx context.Context) (map[uuid.UUID]time.Time, error) {
+	rows, err := h.db.QueryContext(ctx, `SELECT session_id, max(deadline) FROM chaos_session_log GROUP BY session_id`)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading session deadlines: %w", err)
+	}
+	defer rows.Close()
+	m := map[uuid.UUID]time.Time{}
+	for rows.Next() {
+		var id uuid.UUID
+		var t time.Time
+		if err := rows.Scan(&id, &t); err != nil {
+			return nil, err
+		}
+		m[id] = t
+	}
+	return m, rows.Err()
+}
+
+// checkItems: every item has exactly one effect row.
+func (h *harness) checkItems(ctx context.Context, r *Report) error {
+	err := h.db.QueryRowContext(ctx, `SELECT (SELECT count(*) FROM machines), (SELECT count(*) FROM chaos_effect),
+		(SELECT count(DISTINCT machine_id) FROM chaos_effect)`).Scan(&r.Items, &r.Effects, &r.Processed)
+	if err != nil {
+		return fmt.Errorf("chaos: counting items: %w", err)
+	}
+	rows, err := h.db.QueryContext(ctx, `
+SELECT m.machine_id, count(e.id),
+       (SELECT string_agg(w.session_id::TEXT, ',') FROM work w WHERE w.machine_id = m.machine_id)
+FROM machines m LEFT JOIN chaos_effect e ON e.machine_id = m.machine_id
+GROUP BY m.machine_id HAVING count(e.id) <> 1 ORDER BY m.machine_id`)
+	if err != nil {
+		return fmt.Errorf("chaos: checking items: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m uuid.UUID
+		var n int
+		var claims sql.NullString
+		if err := rows.Scan(&m, &n, &claims); err != nil {
+			return err
+		}
+		if n == 0 {
+			when := "at the end of the drain: " + h.stuck[m]
+			if h.stuck[m] == "" {
+				when = fmt.Sprintf("claims held after shutdown: %q", claims.String)
+			}
+			r.violate("item %s stuck: no effect (%s)", m, when)
+		} else {
+			r.violate("item %s processed %d times", m, n)
+		}
+	}
+	return rows.Err()
+}
+
+// checkEffects: each effect was committed under a claim its session held
+// (Finished history in the same transaction), while the session was alive:
+// the transaction began before the deadline it saw, and it committed before
+// the session's final deadline.
+func (h *harness) checkEffects(ctx context.Context, r *Report, final map[uuid.UUID]time.Time) error {
+	rows, err := h.db.QueryContext(ctx, `
+SELECT e.id, e.machine_id, e.session_id, e.worker_id, e.tx_now, e.stmt_clock, e.seen_deadline,
+       pg_xact_commit_timestamp(e.xmin),
+       EXISTS (SELECT 1 FROM work_history h WHERE h.machine_id = e.machine_id AND h.process = $1
+                 AND h.session_id = e.session_id AND h.event = 'Finished')
+FROM chaos_effect e ORDER BY e.id`, Process)
+	if err != nil {
+		return fmt.Errorf("chaos: reading effects: %w", err)
+	}
+	defer rows.Close()
+	first := true
+	for rows.Next() {
+		var id int64
+		var m, s uuid.UUID
+		var wid int
+		var txNow, stmt time.Time
+		var seen, commit sql.NullTime
+		var finished bool
+		if err := rows.Scan(&id, &m, &s, &wid, &txNow, &stmt, &seen, &commit, &finished); err != nil {
+			return err
+		}
+		what := fmt.Sprintf("effect %d (item %s, session %s, worker %d)", id, m, s, wid)
+		fd, ok := final[s]
+		switch {
+		case !finished:
+			r.violate("%s has no Finished history of its session: committed without holding the claim", what)
+		case !seen.Valid:
+			r.violate("%s: its transaction saw no row for its session", what)
+		case !txNow.Before(seen.Time):
+			r.violate("%s: transaction began at %s, not before the deadline it saw %s", what, ts(txNow), ts(seen.Time))
+		case !ok:
+			r.violate("%s: session has no recorded deadline", what)
+		case !commit.Valid:
+			r.violate("%s: no commit timestamp (track_commit_timestamp off?)", what)
+		case !commit.Time.Before(fd):
+			r.violate("%s committed at %s, %v after its session's final deadline %s (statement ran at %s, transaction began %s)",
+				what, ts(commit.Time), commit.Time.Sub(fd), ts(fd), ts(stmt), ts(txNow))
+		}
+		if ok && commit.Valid {
+			if margin := fd.Sub(commit.Time); first || margin < r.MinCommitMargin {
+				r.MinCommitMargin, first = margin, false
+			}
+		}
+	}
+	return rows.Err()
+}
+
+// claimEvent is one work_history row of Process.
+type claimEvent struct {
+	id      int64
+	machine uuid.UUID
+	session uuid.UUID
+	event   string
+	at      time.Time
+}
+
+// checkHistory: per machine, claims follow one another without overlap
+// (each Started is ended by its own session's event before the next
+// Started); a claim is Abandoned only after its session's final deadline,
+// and within the reclaim bound of it; no claim is left open.
+func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UUID]time.Time) error {
+	outages, err := h.outages(ctx)
+	if err != nil {
+		return err
+	}
+	rows, err := h.db.QueryContext(ctx, `SELECT id, machine_id, session_id, event::TEXT, at FROM work_history
+		WHERE process = $1 ORDER BY machine_id, id`, Process)
+	if err != nil {
+		return fmt.Errorf("chaos: reading history: %w", err)
+	}
+	defer rows.Close()
+	r.Events = map[string]int{}
+	var holder *claimEvent
+	var last uuid.UUID
+	for rows.Next() {
+		var e claimEvent
+		if err := rows.Scan(&e.id, &e.machine, &e.session, &e.event, &e.at); err != nil {
+			return err
+		}
+		r.Events[e.event]++
+		if e.machine != last {
+			if holder != nil {
+				r.violate("item %s: claim of session %s (Started %s) never ended", last, holder.session, ts(holder.at))
+			}
+			holder, last = nil, e.machine
+		}
+		if e.event == "Started" {
+			if holder != nil {
+				r.violate("item %s: session %s Started at %s while session %s held the claim (Started %s)",
+					e.machine, e.session, ts(e.at), holder.session, ts(holder.at))
+			}
+			ev := e
+			holder = &ev
+			continue
+		}
+		if holder == nil || holder.session != e.session {
+			r.violate("item %s: %s by session %s (history %d) which did not hold the claim", e.machine, e.event, e.session, e.id)
+			holder = nil
+			continue
+		}
+		if e.event == "Abandoned" {
+			fd, ok := final[e.session]
+			switch {
+			case !ok:
+				r.violate("item %s: Abandoned claim of session %s with no recorded deadline", e.machine, e.session)
+			case e.at.Before(fd):
+				r.violate("item %s: claim of session %s Abandoned at %s, before the session's deadline %s: two live claims",
+					e.machine, e.session, ts(e.at), ts(fd))
+			default:
+				lat := e.at.Sub(fd)
+				r.Reclaims = append(r.Reclaims, lat)
+				if allowed := r.ReclaimBound + outages.overlap(fd, e.at); lat > allowed {
+					r.violate("item %s: claim of session %s reclaimed %v after the session's deadline %s, more than %v",
+						e.machine, e.session, lat.Round(time.Millisecond), ts(fd), allowed.Round(time.Millisecond))
+				}
+			}
+		}
+		holder = nil
+	}
+	if holder != nil {
+		r.violate("item %s: claim of session %s (Started %s) never ended", last, holder.session, ts(holder.at))
+	}
+	sort.Slice(r.Reclaims, func(i, j int) bool { return r.Reclaims[i] < r.Reclaims[j] })
+	return rows.Err()
+}
+
+// outageWindows are the database's restarts, on its clock.
+type outageWindows [][2]time.Time
+
+func (h *harness) outages(ctx context.Context) (outageWindows, error) {
+	rows, err := h.db.QueryContext(ctx, `SELECT began_at, ended_at FROM chaos_fault WHERE kind = $1 AND ended_at IS NOT NULL`, string(FaultPGRestart))
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading faults: %w", err)
+	}
+	defer rows.Close()
+	var o outageWindows
+	for rows.Next() {
+		var w [2]time.Time
+		if err := rows.Scan(&w[0], &w[1]); err != nil {
+			return nil, err
+		}
+		o = append(o, w)
+	}
+	return o, rows.Err()
+}
+
+// overlap returns how long the database was down between from and to: no
+// one can reclaim anything then.
+func (o outageWindows) overlap(from, to time.Time) time.Duration {
+	var d time.Duration
+	for _, w := range o {
+		lo, hi := w[0], w[1]
+		if lo.Before(from) {
+			lo = from
+		}
+		if hi.After(to) {
+			hi = to
+		}
+		if hi.After(lo) {
+			d += hi.Sub(lo)
+		}
+	}
+	return d
+}
+
+var (
+	reClaimed = regexp.MustCompile(regexp.QuoteMeta(logClaimed) + ` (\S+) session (\S+)`)
+	reDone    = regexp.MustCompile(`(?:` + regexp.QuoteMeta(logDone) + `|` + regexp.QuoteMeta(logStop) + `) (\S+) session`)
+	reLost    = regexp.MustCompile(`claim of (\S+) lost`)
+	reEnded   = regexp.MustCompile(`session \S+ .*ended|claim of \S+ lost`)
+	reCrash   = regexp.MustCompile(`WARNING: DATA RACE|^panic: |fatal error: `)
+)
+
+// checkLog reads a worker's log: no race report or panic; after every
+// stall, each machine that was mid-work when the worker stopped is reported
+// lost (never finished), and after every stall and partition the session is
+// seen to end.
+func (h *harness) checkLog(r *Report, w *proc) {
+	f, err := os.Open(w.logPath)
+	if err != nil {
+		r.violate("worker %d: reading log: %v", w.cfg.ID, err)
+		return
+	}
+	defer f.Close()
+	inflight := map[string]bool{} // claimed, work not done
+	var (
+		stalled map[string]bool // in flight when stopped, not yet reported lost
+		woke    bool            // after SIGCONT
+		needEnd bool            // after a stall or partition, until the session is seen to end
+		event   string          // the last stall or partition, for messages
+	)
+	flush := func() {
+		for m := range stalled {
+			r.violate("worker %d: item %s was mid-work at %s but its claim was never reported lost afterwards (log %s)", w.cfg.ID, m, event, w.logPath)
+		}
+		if needEnd {
+			r.violate("worker %d: no session end or lost claim logged after %s (log %s)", w.cfg.ID, event, w.logPath)
+		}
+		stalled, woke, needEnd = nil, false, false
+	}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if reCrash.MatchString(line) {
+			r.violate("worker %d: %s (log %s)", w.cfg.ID, line, w.logPath)
+		}
+		if rest, ok := strings.CutPrefix(line, "chaos-harness: "); ok {
+			switch {
+			case strings.Contains(rest, " start #"):
+				flush()
+				inflight = map[string]bool{}
+			case strings.Contains(rest, " "+markStop):
+				flush()
+				event = "SIGSTOP at " + strings.Fields(rest)[0]
+				stalled = map[string]bool{}
+				for m := range inflight {
+					stalled[m] = true
+				}
+			case strings.Contains(rest, " "+markCont):
+				woke, needEnd = true, true
+			case strings.Contains(rest, " "+markCut):
+				flush()
+				event = "partition at " + strings.Fields(rest)[0]
+				needEnd = true
+			}
+			continue
+		}
+		if m := reClaimed.FindStringSubmatch(line); m != nil {
+			inflight[m[1]] = true
+		}
+		if m := reDone.FindStringSubmatch(line); m != nil {
+			delete(inflight, m[1])
+		}
+		if m := reLost.FindStringSubmatch(line); m != nil {
+			delete(inflight, m[1])
+			if woke {
+				delete(stalled, m[1])
+			}
+		}
+		if needEnd && reEnded.MatchString(line) {
+			needEnd = false
+		}
+	}
+	if err := sc.Err(); err != nil {
+		r.violate("worker %d: reading log: %v", w.cfg.ID, err)
+	}
+	flush()
+}
+
+// ts formats a database timestamp for messages.
+func ts(t time.Time) string { return t.Format("15:04:05.000000") }

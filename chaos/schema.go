@@ -1,0 +1,101 @@
+package chaos
+
+// Process is the bmdb process name the chaos workers claim machines for.
+const Process = "chaos"
+
+// schemaSQL creates the harness's own tables in the test database, after
+// bmdb migrated it:
+//
+//   - chaos_effect is the effect of processing an item, inserted by Finish's
+//     commit. It is deliberately not unique per machine, so that a double
+//     commit is detected by the checker rather than refused. It records the
+//     session's deadline as the committing transaction saw it, the
+//     transaction's now() and the statement's clock_timestamp(); the
+//     checker adds the commit timestamp (track_commit_timestamp).
+//   - chaos_session_log records every deadline a session row was given (by
+//     a trigger on bmdb's sessions table, insert-only so it adds no
+//     serialization conflicts), so that the checker knows each session's
+//     final deadline after GC deleted the row.
+//   - chaos_fault records the injected faults on the database clock.
+const schemaSQL = `
+CREATE TABLE chaos_effect (
+    id BIGSERIAL PRIMARY KEY,
+    machine_id UUID NOT NULL,
+    session_id UUID NOT NULL,
+    worker_id INT NOT NULL,
+    tx_now TIMESTAMPTZ NOT NULL,
+    stmt_clock TIMESTAMPTZ NOT NULL,
+    seen_deadline TIMESTAMPTZ
+);
+CREATE INDEX chaos_effect_machine_idx ON chaos_effect (machine_id);
+
+CREATE TABLE chaos_session_log (
+    session_id UUID NOT NULL,
+    deadline TIMESTAMPTZ NOT NULL,
+    at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp()
+);
+CREATE INDEX chaos_session_log_idx ON chaos_session_log (session_id);
+
+CREATE FUNCTION chaos_log_session() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_session_log (session_id, deadline) VALUES (NEW.session_id, NEW.deadline);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER chaos_log_session AFTER INSERT OR UPDATE OF deadline ON sessions
+    FOR EACH ROW EXECUTE FUNCTION chaos_log_session();
+
+CREATE TABLE chaos_fault (
+    id BIGSERIAL PRIMARY KEY,
+    kind TEXT NOT NULL,
+    target TEXT NOT NULL,
+    began_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    ended_at TIMESTAMPTZ,
+    detail TEXT NOT NULL DEFAULT ''
+);
+`
+
+// Queries of the workers.
+const (
+	// retrieveSQL returns machines that have no effect yet and no claim held
+	// by a live session (claims of expired sessions are taken over by Work),
+	// oldest first. $1 is the process, $2 the limit.
+	retrieveSQL = `
+SELECT m.machine_id FROM machines m
+WHERE NOT EXISTS (SELECT 1 FROM chaos_effect e WHERE e.machine_id = m.machine_id)
+  AND NOT EXISTS (
+        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
+        WHERE w.machine_id = m.machine_id AND w.process = $1 AND s.deadline > now())
+ORDER BY m.machine_created_at, m.machine_id
+LIMIT $2`
+
+	// insertEffectSQL records the effect of (machine $1, session $2, worker $3).
+	insertEffectSQL = `
+INSERT INTO chaos_effect (machine_id, session_id, worker_id, tx_now, stmt_clock, seen_deadline)
+VALUES ($1, $2, $3, now(), clock_timestamp(),
+        (SELECT s.deadline FROM sessions s WHERE s.session_id = $2))`
+)
+
+// Queries of the harness.
+const (
+	seedSQL = `INSERT INTO machines (machine_id) SELECT gen_random_uuid() FROM generate_series(1, $1::INT8)`
+
+	progressSQL = `SELECT (SELECT count(*) FROM machines), (SELECT count(DISTINCT machine_id) FROM chaos_effect)`
+
+	faultBeginSQL = `INSERT INTO chaos_fault (kind, target, detail) VALUES ($1, $2, $3) RETURNING id`
+	faultEndSQL   = `UPDATE chaos_fault SET ended_at = now(), detail = $2 WHERE id = $1`
+
+	// stuckSQL describes the items without effect and their claim.
+	stuckSQL = `
+SELECT m.machine_id, COALESCE(
+         (SELECT 'claimed by session ' || w.session_id::TEXT || ' of ' || s.component_name || ' since ' || w.started_at::TEXT
+                 || CASE WHEN s.deadline > now() THEN ', alive' ELSE ', expired' END
+          FROM work w JOIN sessions s ON s.session_id = w.session_id
+          WHERE w.machine_id = m.machine_id AND w.process = $1), 'not claimed')
+FROM machines m
+WHERE NOT EXISTS (SELECT 1 FROM chaos_effect e WHERE e.machine_id = m.machine_id)`
+
+	terminateSQL = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`
+
+	enableCommitTSSQL = `ALTER SYSTEM SET track_commit_timestamp = on`
+)

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/bmdb-dev/bmdb/chaos"
+)
+
+// TestMain lets the test binary serve as the harness's worker processes:
+// the harness re-executes os.Executable() with "worker" first.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == "worker" {
+		os.Exit(workerMain(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
+// TestChaosCI runs the harness's CI mode on a throwaway cluster of its own
+// (it restarts PostgreSQL, so it cannot use BMDB_TEST_DSN's server).
+func TestChaosCI(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the chaos harness takes about a minute; skipped with -short")
+	}
+	if chaos.PostgresBinDir() == "" {
+		t.Skip("no PostgreSQL binaries in /usr/lib/postgresql/*/bin: the chaos harness starts and restarts its own cluster (apt-get install postgresql)")
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := chaos.CIConfig()
+	if cfg.Repo, err = chaos.FindRepo(wd); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.LogDir, err = os.MkdirTemp("", "bmdb-chaos-logs."); err != nil {
+		t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.WorkerCommand = []string{exe, "worker"}
+	var out strings.Builder
+	cfg.Out = &out
+	report, err := chaos.Run(context.Background(), cfg)
+	if report != nil {
+		report.Print(&out)
+	}
+	t.Log("\n" + out.String())
+	if err != nil {
+		t.Fatalf("harness failed: %v (worker logs in %s)", err, cfg.LogDir)
+	}
+	if !report.OK() {
+		t.Fatalf("%d violations (worker logs kept in %s)", len(report.Violations), cfg.LogDir)
+	}
+	os.RemoveAll(cfg.LogDir)
+}
+
+// The worker flags survive the round trip from harness to worker process.
+func TestWorkerArgs(t *testing.T) {
+	want := chaos.WorkerConfig{DSN: "postgres://x", ID: 3, Seed: 7, Interval: 1e9, GCPeriod: 2e9, Concurrency: 2, WorkMin: 1e8, WorkMax: 2e8}
+	got, err := chaos.ParseWorkerFlags(want.Args())
+	if err != nil || got != want {
+		t.Fatalf("ParseWorkerFlags(Args()) = %+v, %v; want %+v", got, err, want)
+	}
+}
