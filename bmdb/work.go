@@ -64,6 +64,16 @@ func (w *Work) Session() *Session { return w.s }
 // in the machines table, an error wrapping ErrInvalidArgument for a bad
 // process name or a nil retrieve, and the errors of Transact.
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
+	works, err := s.claimBatch(ctx, process, 1, retrieve)
+	if err != nil {
+		return nil, err
+	}
+	return works[0], nil
+}
+
+// claimBatch is Work and WorkBatch: it claims up to limit candidates in one
+// transaction.
+func (s *Session) claimBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
 	if err := validateProcess(process); err != nil {
 		return nil, err
 	}
@@ -71,14 +81,14 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
 	start := time.Now()
-	var machine uuid.UUID
+	var machines []uuid.UUID
 	var tookOver bool
 	err := s.transact(ctx, func(tx *Tx) error {
 		candidates, err := retrieve(tx)
 		if err != nil {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
 		}
-		machine, tookOver, err = s.claimFirst(ctx, tx, process, candidates)
+		machines, tookOver, err = s.claimCandidates(ctx, tx, process, candidates, limit)
 		return err
 	})
 	metrics := s.conn.metrics
@@ -91,13 +101,17 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 	if tookOver {
 		metrics.workEvent(process, model.WorkHistoryEventAbandoned)
 	}
-	metrics.workEvent(process, model.WorkHistoryEventStarted)
-	metrics.claimed(process, time.Since(start).Seconds())
-	return &Work{s: s, machine: machine, process: process}, nil
+	works := make([]*Work, len(machines))
+	for i, m := range machines {
+		works[i] = &Work{s: s, machine: m, process: process}
+		metrics.workEvent(process, model.WorkHistoryEventStarted)
+		metrics.claimed(process, time.Since(start).Seconds())
+	}
+	return works, nil
 }
 
-// claimFirst claims the first claimable candidate inside tx, and reports
-// whether it took the claim over from an expired session.
+// claimCandidates claims up to limit candidates inside tx, in order, and
+// reports whether it took a claim over from an expired session.
 //
 // The first pass only inserts (WorkClaim), which reads no work row: on
 // PostgreSQL an uncontended claim then takes no SERIALIZABLE read lock on
@@ -105,21 +119,37 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 // not abort each other through it. Only if no candidate could be claimed
 // does the second pass read the claims' state, to take over one held by an
 // expired session or to tell a conflict from backoff.
-func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, bool, error) {
+func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]uuid.UUID, bool, error) {
+	var claimed []uuid.UUID
 	for _, machine := range candidates {
-		claimed, err := s.claim(ctx, tx, machine, process)
+		ok, err := s.claim(ctx, tx, machine, process)
 		if err != nil {
-			return uuid.Nil, false, err
+			return nil, false, err
 		}
-		if claimed {
-			return machine, false, nil
+		if ok {
+			if claimed = append(claimed, machine); len(claimed) == limit {
+				break
+			}
 		}
 	}
+	if len(claimed) > 0 {
+		return claimed, false, nil
+	}
+	machine, err := s.takeOverFirst(ctx, tx, process, candidates)
+	if err != nil {
+		return nil, false, err
+	}
+	return []uuid.UUID{machine}, true, nil
+}
+
+// takeOverFirst takes over the first candidate whose claim is held by an
+// expired session, or says why no candidate can be claimed.
+func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, error) {
 	conflict := false
 	for _, machine := range candidates {
 		state, err := tx.q.WorkClaimState(ctx, model.WorkClaimStateParams{MachineID: machine, Process: process})
 		if err != nil {
-			return uuid.Nil, false, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
+			return uuid.Nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
 		}
 		switch {
 		case state.InBackoff:
@@ -128,19 +158,18 @@ func (s *Session) claimFirst(ctx context.Context, tx *Tx, process string, candid
 			conflict = true
 			continue
 		}
-		tookOver, err := s.takeOver(ctx, tx, machine, process)
-		if err != nil {
-			return uuid.Nil, false, err
+		if err := s.takeOver(ctx, tx, machine, process); err != nil {
+			return uuid.Nil, err
 		}
 		if err := s.start(ctx, tx, machine, process); err != nil {
-			return uuid.Nil, false, err
+			return uuid.Nil, err
 		}
-		return machine, tookOver, nil
+		return machine, nil
 	}
 	if conflict {
-		return uuid.Nil, false, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		return uuid.Nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
-	return uuid.Nil, false, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	return uuid.Nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
 // claim runs WorkClaim and reports whether it claimed the machine.
@@ -157,14 +186,13 @@ func (s *Session) claim(ctx context.Context, tx *Tx, machine uuid.UUID, process 
 	return n > 0, nil
 }
 
-// takeOver removes the claim of an expired session, recording Abandoned, and
-// reports whether there was one.
-func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (bool, error) {
-	n, err := tx.q.WorkAbandonExpired(ctx, model.WorkAbandonExpiredParams{MachineID: machine, Process: process})
+// takeOver removes the claim of an expired session, recording Abandoned.
+func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
+	_, err := tx.q.WorkAbandonExpired(ctx, model.WorkAbandonExpiredParams{MachineID: machine, Process: process})
 	if err != nil {
-		return false, fmt.Errorf("bmdb: Work(%q): taking over %s: %w", process, machine, err)
+		return fmt.Errorf("bmdb: Work(%q): taking over %s: %w", process, machine, err)
 	}
-	return n > 0, nil
+	return nil
 }
 
 // start inserts the claim and its Started history row.
@@ -198,16 +226,20 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 	if commit == nil {
 		return invalidArgument("Finish: commit is nil")
 	}
-	return w.end(ctx, model.WorkHistoryEventFinished, func(tx *Tx) error {
-		if err := w.endClaim(ctx, tx, model.WorkHistoryEventFinished, ""); err != nil {
-			return err
-		}
-		key := model.WorkBackoffDeleteParams{MachineID: w.machine, Process: w.process}
-		if _, err := tx.q.WorkBackoffDelete(ctx, key); err != nil {
-			return fmt.Errorf("bmdb: Finish: clearing backoff: %w", err)
-		}
-		return commit(tx)
-	})
+	return w.end(ctx, model.WorkHistoryEventFinished, func(tx *Tx) error { return w.finishIn(ctx, tx, commit) })
+}
+
+// finishIn ends the claim as Finished inside tx, clears its backoff, and
+// runs commit.
+func (w *Work) finishIn(ctx context.Context, tx *Tx, commit func(tx *Tx) error) error {
+	if err := w.endClaim(ctx, tx, model.WorkHistoryEventFinished, ""); err != nil {
+		return err
+	}
+	key := model.WorkBackoffDeleteParams{MachineID: w.machine, Process: w.process}
+	if _, err := tx.q.WorkBackoffDelete(ctx, key); err != nil {
+		return fmt.Errorf("bmdb: Finish: clearing backoff: %w", err)
+	}
+	return commit(tx)
 }
 
 // Cancel ends the Work without a result and without backoff: it deletes the
@@ -259,13 +291,18 @@ func (w *Work) end(ctx context.Context, event model.WorkHistoryEvent, fn func(tx
 		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.machine, event, ErrWorkDone)
 	}
 	err := w.s.transact(ctx, fn)
-	if err == nil || errors.Is(err, ErrWorkLost) || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed) {
+	if err == nil || claimGone(err) {
 		w.ended = true
 	}
 	if err == nil {
 		w.s.conn.metrics.workEvent(w.process, event)
 	}
 	return err
+}
+
+// claimGone reports whether err says the claim no longer exists.
+func claimGone(err error) bool {
+	return errors.Is(err, ErrWorkLost) || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed)
 }
 
 // endClaim deletes the claim if this session holds it and records event.

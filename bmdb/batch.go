@@ -1,0 +1,126 @@
+package bmdb
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// MaxBatch is the largest limit of WorkBatch and the most Works FinishAll
+// takes.
+const MaxBatch = 1000
+
+// WorkBatch is Work for up to limit machines at once: one transaction claims
+// as many candidates as it can, in order, up to limit, and returns one Work
+// for each. Each Work then ends on its own (Finish, Cancel, Fail) or together
+// with others (FinishAll).
+//
+// On PostgreSQL, concurrent claim cycles on the small, hot work table
+// conflict under SERIALIZABLE whatever machines they touch, so throughput
+// grows with work done per transaction, not with workers: batches are the
+// way to scale there. A batch holds its machines until each ends, so keep
+// limit near what a worker processes at once.
+//
+// It returns an error wrapping ErrInvalidArgument for limit outside
+// [1, MaxBatch], and otherwise the errors of Work.
+func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
+	if limit < 1 || limit > MaxBatch {
+		return nil, invalidArgument("WorkBatch: limit is %d, must be in [1, %d]", limit, MaxBatch)
+	}
+	return s.claimBatch(ctx, process, limit, retrieve)
+}
+
+// FinishAll finishes works, all claims of this session, in one transaction:
+// for each, as Finish does, it ends the claim, clears its backoff and runs
+// commit(tx, w). It is all or nothing: if any claim is gone, FinishAll
+// returns ErrWorkLost naming it and nothing commits; that Work is ended
+// (ErrWorkDone from then on) and the others stay open, to be finished again
+// without it. Like Finish, an error from commit rolls everything back and
+// leaves every Work open.
+//
+// commit may run several times (see Transact) and must not be nil. works
+// must be non-empty, at most MaxBatch, of this session, distinct, and not
+// ended (else ErrInvalidArgument or ErrWorkDone).
+func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *Tx, w *Work) error) error {
+	if err := s.checkBatch(works); err != nil {
+		return err
+	}
+	if commit == nil {
+		return invalidArgument("FinishAll: commit is nil")
+	}
+	// Lock in a fixed order, so that overlapping calls cannot deadlock.
+	sorted := slices.Clone(works)
+	slices.SortFunc(sorted, func(a, b *Work) int {
+		if c := bytes.Compare(a.machine[:], b.machine[:]); c != 0 {
+			return c
+		}
+		return strings.Compare(a.process, b.process)
+	})
+	for _, w := range sorted {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+	}
+	for _, w := range works {
+		if w.ended {
+			return fmt.Errorf("bmdb: FinishAll: %q on %s: %w", w.process, w.machine, ErrWorkDone)
+		}
+	}
+	var lost *Work
+	err := s.transact(ctx, func(tx *Tx) error {
+		lost = nil
+		for _, w := range works {
+			if err := w.finishIn(ctx, tx, func(tx *Tx) error { return commit(tx, w) }); err != nil {
+				if errors.Is(err, ErrWorkLost) {
+					lost = w
+				}
+				return err
+			}
+		}
+		return nil
+	})
+	switch {
+	case err == nil:
+		for _, w := range works {
+			w.ended = true
+			s.conn.metrics.workEvent(w.process, model.WorkHistoryEventFinished)
+		}
+	case errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed):
+		for _, w := range works {
+			w.ended = true
+		}
+	case lost != nil:
+		lost.ended = true
+	}
+	return err
+}
+
+// checkBatch validates the Works given to FinishAll.
+func (s *Session) checkBatch(works []*Work) error {
+	if len(works) == 0 || len(works) > MaxBatch {
+		return invalidArgument("FinishAll: %d works, must be 1 to %d", len(works), MaxBatch)
+	}
+	type key struct {
+		machine uuid.UUID
+		process string
+	}
+	seen := make(map[key]bool, len(works))
+	for i, w := range works {
+		switch {
+		case w == nil:
+			return invalidArgument("FinishAll: works[%d] is nil", i)
+		case w.s != s:
+			return invalidArgument("FinishAll: works[%d] (%q on %s) belongs to another session", i, w.process, w.machine)
+		case seen[key{w.machine, w.process}]:
+			return invalidArgument("FinishAll: works[%d] (%q on %s) is given twice", i, w.process, w.machine)
+		}
+		seen[key{w.machine, w.process}] = true
+	}
+	return nil
+}

@@ -1,0 +1,134 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+)
+
+func machineSet(works []*Work) map[uuid.UUID]bool {
+	set := map[uuid.UUID]bool{}
+	for _, w := range works {
+		set[w.Machine()] = true
+	}
+	return set
+}
+
+// WorkBatch claims up to its limit, in order, skipping machines that are
+// claimed or in backoff; FinishAll ends them all in one transaction.
+func TestWorkBatchAndFinishAll(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	s1, s2 := e.session(c), e.session(c)
+	ctx := context.Background()
+	var ms []uuid.UUID
+	for range 6 {
+		ms = append(ms, e.machine())
+	}
+	held, _ := s2.Work(ctx, "install", retrieveAll(ms[0]))
+	failed, _ := s2.Work(ctx, "install", retrieveAll(ms[1]))
+	if err := failed.Fail(ctx, &testBackoff, "x"); err != nil {
+		t.Fatal(err)
+	}
+	works, err := s1.WorkBatch(ctx, "install", 3, retrieveAll(ms...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := machineSet(works)
+	if len(works) != 3 || !got[ms[2]] || !got[ms[3]] || !got[ms[4]] {
+		t.Fatalf("WorkBatch claimed %v, want machines 2, 3, 4", got)
+	}
+	// What is left for a second batch: machine 5 only.
+	rest, err := s2.WorkBatch(ctx, "install", 10, retrieveAll(ms...))
+	if err != nil || len(rest) != 1 || rest[0].Machine() != ms[5] {
+		t.Fatalf("second WorkBatch = %v, %v", machineSet(rest), err)
+	}
+	if _, err := s2.WorkBatch(ctx, "install", 10, retrieveAll(ms...)); !errors.Is(err, ErrWorkConflict) {
+		t.Fatalf("WorkBatch with every machine taken = %v, want ErrWorkConflict", err)
+	}
+
+	if err := s1.FinishAll(ctx, works, func(tx *Tx, w *Work) error { return tagCommit(w.Machine())(tx) }); err != nil {
+		t.Fatalf("FinishAll: %v", err)
+	}
+	for _, w := range works {
+		if !e.tagged(w.Machine()) {
+			t.Errorf("machine %s not tagged", w.Machine())
+		}
+		if got := e.events(w.Machine(), s1); !slicesEqual(got, "install:Started@1", "install:Finished@1") {
+			t.Errorf("history of %s = %v", w.Machine(), got)
+		}
+		if err := w.Cancel(ctx); !errors.Is(err, ErrWorkDone) {
+			t.Errorf("Cancel after FinishAll = %v", err)
+		}
+	}
+	if err := held.Finish(ctx, noCommit); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// FinishAll is all or nothing: a lost claim fails the whole transaction,
+// ends only the lost Work, and the others finish afterwards.
+func TestFinishAllWithALostClaim(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	ctx := context.Background()
+	ms := []uuid.UUID{e.machine(), e.machine(), e.machine()}
+	works, err := s.WorkBatch(ctx, "install", 3, retrieveAll(ms...))
+	if err != nil || len(works) != 3 {
+		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
+	}
+	e.exec("DELETE FROM work WHERE machine_id = $1", ms[1])
+	tag := func(tx *Tx, w *Work) error { return tagCommit(w.Machine())(tx) }
+	err = s.FinishAll(ctx, works, tag)
+	if !errors.Is(err, ErrWorkLost) || !strings.Contains(err.Error(), ms[1].String()) {
+		t.Fatalf("FinishAll with a lost claim = %v, want ErrWorkLost naming it", err)
+	}
+	if n := e.count("SELECT count(*) FROM tag"); n != 0 {
+		t.Fatalf("%d tags committed by a failed FinishAll", n)
+	}
+	if err := s.FinishAll(ctx, works, tag); !errors.Is(err, ErrWorkDone) {
+		t.Errorf("FinishAll again with the lost Work = %v, want ErrWorkDone", err)
+	}
+	if err := s.FinishAll(ctx, []*Work{works[0], works[2]}, tag); err != nil {
+		t.Fatalf("FinishAll of the rest: %v", err)
+	}
+	if n := e.count("SELECT count(*) FROM tag"); n != 2 {
+		t.Errorf("%d tags, want 2", n)
+	}
+}
+
+func TestBatchRejectsBadInput(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	s, other := e.session(c), e.session(c)
+	ctx := context.Background()
+	m1, m2 := e.machine(), e.machine()
+	for _, limit := range []int{0, -1, MaxBatch + 1} {
+		if _, err := s.WorkBatch(ctx, "install", limit, retrieveAll(m1)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("WorkBatch(limit %d) = %v", limit, err)
+		}
+	}
+	w, _ := s.Work(ctx, "install", retrieveAll(m1))
+	theirs, _ := other.Work(ctx, "install", retrieveAll(m2))
+	commit := func(*Tx, *Work) error { return nil }
+	for name, tc := range map[string]struct {
+		works  []*Work
+		commit func(*Tx, *Work) error
+	}{
+		"empty":           {nil, commit},
+		"nil commit":      {[]*Work{w}, nil},
+		"nil work":        {[]*Work{w, nil}, commit},
+		"twice":           {[]*Work{w, w}, commit},
+		"another session": {[]*Work{w, theirs}, commit},
+	} {
+		if err := s.FinishAll(ctx, tc.works, tc.commit); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("FinishAll(%s) = %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	if n := e.count("SELECT count(*) FROM work"); n != 2 {
+		t.Errorf("refused calls changed the claims: %d left", n)
+	}
+}
