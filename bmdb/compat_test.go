@@ -8,7 +8,7 @@ import (
 )
 
 // Statements of binaries built for migration 000002, verbatim: the history
-// writes without component_name. Migrations 000003 promises they keep
+// writes without component_name. Migrations 000003-000005 promise they keep
 // working.
 const (
 	v2WorkStart = `WITH claim AS (
@@ -35,7 +35,7 @@ ORDER BY at, id`
 )
 
 // Rolling upgrade: a binary of the previous schema version, still running
-// while 000003 is applied, keeps claiming and finishing, and the new views
+// while 000003-000005 are applied, keeps claiming and finishing, and the new views
 // show its history with the component taken from its session.
 func TestPreviousBinaryOnNewSchema(t *testing.T) {
 	e := newEnv(t) // migrated to the newest version
@@ -59,6 +59,9 @@ func TestPreviousBinaryOnNewSchema(t *testing.T) {
 	n := 0
 	for rows.Next() {
 		n++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
 	}
 	rows.Close()
 	if n != 2 {

@@ -64,6 +64,9 @@ type testHooks struct {
 	// beforePoke runs before every heartbeat attempt; a non-nil error fails
 	// that attempt as if the database had returned it.
 	beforePoke func(ctx context.Context) error
+	// commit, if set, commits tx in place of tx.Commit, e.g. to report a
+	// connection failure for a COMMIT that did or did not happen.
+	commit func(tx *sql.Tx) error
 }
 
 // Stats are cumulative figures of a Connection, for tests and metrics.

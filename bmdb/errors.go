@@ -82,8 +82,9 @@ var (
 )
 
 // RetriesExhaustedError reports a transaction given up after Attempts
-// attempts, each failing with a serialization error; Last is the last of
-// them. errors.Is(err, ErrRetriesExhausted) holds.
+// attempts, each failing with a serialization error or a connection failure
+// before COMMIT; Last is the last of them. errors.Is(err,
+// ErrRetriesExhausted) holds.
 type RetriesExhaustedError struct {
 	Attempts int
 	Last     error
@@ -141,6 +142,8 @@ const (
 	codeDeadlockDetected     = "40P01"
 	codeUniqueViolation      = "23505"
 	codeForeignKeyViolation  = "23503"
+	// CockroachDB: the statement may or may not have committed.
+	codeStatementCompletionUnknown = "40003"
 )
 
 // sqlState returns the SQLSTATE of the first database error in err's chain,

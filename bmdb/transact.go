@@ -71,7 +71,7 @@ func (c *Connection) transactPostgres(ctx context.Context, fn func(*Tx) error) e
 func (c *Connection) retry(ctx context.Context, attempt func() error) error {
 	for n := 1; ; n++ {
 		err := attempt()
-		if err == nil || ctx.Err() != nil {
+		if err == nil || ctx.Err() != nil || errors.Is(err, ErrRetriesExhausted) {
 			return err
 		}
 		switch {
@@ -108,7 +108,11 @@ func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) er
 		_ = tx.Rollback() // the error that matters is fn's
 		return markConnection(contextError(ctx, err))
 	}
-	if err := tx.Commit(); err != nil {
+	commit := tx.Commit
+	if hook := c.hooks.commit; hook != nil {
+		commit = func() error { return hook(tx) }
+	}
+	if err := commit(); err != nil {
 		if isRetryable(err) {
 			c.stats.txCommitRetries.Add(1)
 		} else if isConnectionError(err) {
@@ -133,27 +137,42 @@ func markConnection(err error) error {
 func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) error {
 	return c.retry(ctx, func() error {
 		attempts := 0
-		// crdb counts retries, not attempts.
-		err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts-1), c.db, serializable,
+		var last error // the last serialization failure
+		// crdb counts retries, and takes 0 for "no limit": allow one more
+		// than needed and stop in the callback.
+		err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts), c.db, serializable,
 			func(tx *sql.Tx) error {
 				attempts++
+				if attempts > c.cfg.MaxTxAttempts {
+					return errAttemptsExceeded
+				}
 				c.countAttempt()
 				if attempts > 1 {
 					c.countRetry(retrySerialization)
 				}
-				return fn(c.newTx(tx))
+				err := fn(c.newTx(tx))
+				if isRetryable(err) {
+					last = err
+				}
+				return err
 			})
 		var maxRetries *crdb.MaxRetriesExceededError
 		var ambiguous *crdb.AmbiguousCommitError
 		switch {
+		case errors.Is(err, errAttemptsExceeded):
+			return &RetriesExhaustedError{Attempts: c.cfg.MaxTxAttempts, Last: last}
 		case errors.As(err, &maxRetries):
 			return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
-		case errors.As(err, &ambiguous):
+		case errors.As(err, &ambiguous) || sqlState(err) == codeStatementCompletionUnknown:
 			return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
 		}
 		return markConnection(contextError(ctx, err))
 	})
 }
+
+// errAttemptsExceeded stops crdb.ExecuteTx after MaxTxAttempts attempts. It
+// wraps no database error, so crdb does not retry it.
+var errAttemptsExceeded = errors.New("bmdb: transaction attempts exceeded")
 
 func (c *Connection) countAttempt() {
 	c.stats.txAttempts.Add(1)

@@ -91,6 +91,9 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		machines, tookOver, err = s.claimCandidates(ctx, tx, process, candidates, limit)
 		return err
 	})
+	if errors.Is(err, ErrAmbiguousCommit) && len(machines) > 0 {
+		machines, err = s.resolveAmbiguousClaims(ctx, process, machines, err)
+	}
 	metrics := s.conn.metrics
 	if err != nil {
 		if errors.Is(err, ErrWorkConflict) {
@@ -108,6 +111,35 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		metrics.claimed(process, time.Since(start).Seconds())
 	}
 	return works, nil
+}
+
+// resolveAmbiguousClaims finds out, after the connection failed during the
+// claim's COMMIT (ambiguous), which of the machines this session now holds,
+// so that a claim that did commit is not left held by a live session with
+// nobody working on it. It returns ambiguous if none is held.
+func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, machines []uuid.UUID, ambiguous error) ([]uuid.UUID, error) {
+	var held []uuid.UUID
+	err := s.transact(ctx, func(tx *Tx) error {
+		held = held[:0]
+		for _, m := range machines {
+			w, err := tx.q.WorkGet(ctx, model.WorkGetParams{MachineID: m, Process: process})
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+			case err != nil:
+				return err
+			case w.SessionID == s.id:
+				held = append(held, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
+	}
+	if len(held) == 0 {
+		return nil, ambiguous
+	}
+	return held, nil
 }
 
 // claimCandidates claims up to limit candidates inside tx, in order, and

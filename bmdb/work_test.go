@@ -2,7 +2,11 @@ package bmdb
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +296,59 @@ func TestWorkRetrievalOutcomes(t *testing.T) {
 	}
 	if n := e.count("SELECT count(*) FROM work_history"); n != 0 {
 		t.Errorf("%d history rows from failed claims", n)
+	}
+}
+
+// A connection failure during the claim's COMMIT leaves its outcome unknown:
+// Work finds out whether the claim committed, and returns the Work if it
+// did, so that the machine is not left held with nobody working on it.
+func TestWorkAmbiguousCommit(t *testing.T) {
+	for _, committed := range []bool{true, false} {
+		t.Run(map[bool]string{true: "committed", false: "rolled back"}[committed], func(t *testing.T) {
+			e := newWorkEnv(t)
+			// A long interval: no heartbeat commits while the hook is armed.
+			c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+			var armed atomic.Bool // only Work's COMMIT
+			var once sync.Once
+			c.hooks.commit = func(tx *sql.Tx) error {
+				err := error(nil)
+				if !armed.Load() {
+					return tx.Commit()
+				}
+				once.Do(func() {
+					if committed {
+						err = tx.Commit()
+					} else {
+						err = tx.Rollback()
+					}
+					if err == nil {
+						err = io.ErrUnexpectedEOF // the answer to COMMIT was lost
+					}
+				})
+				if err != nil {
+					return err
+				}
+				return tx.Commit()
+			}
+			s := e.session(c)
+			m := e.machine()
+			armed.Store(true)
+			w, err := s.Work(context.Background(), "install", retrieveAll(m))
+			armed.Store(false)
+			if committed {
+				if err != nil || w.Machine() != m {
+					t.Fatalf("Work after an ambiguous, committed claim = %v, %v", w, err)
+				}
+				if err := w.Finish(context.Background(), tagCommit(m)); err != nil {
+					t.Fatalf("Finish of the recovered claim: %v", err)
+				}
+			} else if !errors.Is(err, ErrAmbiguousCommit) {
+				t.Fatalf("Work after an ambiguous, rolled-back claim = %v, want ErrAmbiguousCommit", err)
+			}
+			want := map[bool]int{true: 2, false: 0}[committed]
+			if n := e.count("SELECT count(*) FROM work_history WHERE machine_id = $1", m); n != want {
+				t.Errorf("%d history rows, want %d", n, want)
+			}
+		})
 	}
 }

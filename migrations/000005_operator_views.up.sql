@@ -1,17 +1,15 @@
--- 000003_operators: what operators need to see the fleet in plain SQL.
--- Adds work_history.component_name (so history stays readable after the
--- session row is gone), the BackoffCleared event (operator override), an
--- index for retention, and read-only views.
+-- 000005_operator_views: what operators need to see the fleet in plain
+-- SQL: read-only views, an index for retention and recent events, and one
+-- for a session's history.
 --
--- Compatibility: additive. Binaries built for 000001-000002 write history
--- without component_name (the views fall back to the session row) and never
--- write BackoffCleared; nothing they read changed.
-
-ALTER TABLE work_history ADD COLUMN component_name TEXT;
-ALTER TYPE work_history_event ADD VALUE IF NOT EXISTS 'BackoffCleared';
+-- Compatibility: additive (views and indexes). Nothing older binaries read
+-- or write changed.
 
 -- Retention (bmdb.PruneHistory) deletes the oldest rows in batches.
 CREATE INDEX work_history_at_idx ON work_history (at);
+
+-- The web page of a session lists its history.
+CREATE INDEX work_history_session_idx ON work_history (session_id, at);
 
 -- live_sessions: sessions alive on the database clock.
 CREATE VIEW live_sessions AS
