@@ -94,7 +94,7 @@ func (b Backoff) apply(ctx context.Context, tx *Tx, machine uuid.UUID, process, 
 // ErrNoBackoff if there is none (expired backoffs count: their interval is
 // still remembered), and the errors of Transact.
 func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, reason string) error {
-	if err := validateProcess(process); err != nil {
+	if err := ValidateProcess(process); err != nil {
 		return err
 	}
 	reason = truncateCause(reason)

@@ -60,7 +60,8 @@ type Config struct {
 
 	// GCGracePeriod is how long an expired session row is kept before GC
 	// deletes it. Expired sessions never block claims: Work takes their
-	// claims over at once. Must not be negative. Defaults to SessionInterval.
+	// claims over at once. Must not be negative; zero means the default.
+	// Defaults to SessionInterval.
 	GCGracePeriod time.Duration
 
 	// SkipMigrations, when true, makes Open only check that the database
@@ -140,8 +141,10 @@ func (c Config) validate() error {
 	return nil
 }
 
-// validateProcess checks a process name given to Session.Work.
-func validateProcess(process string) error {
+// ValidateProcess returns an error wrapping ErrInvalidArgument if process
+// is not a valid process name: empty, longer than MaxProcessLength bytes,
+// invalid UTF-8 or containing NUL.
+func ValidateProcess(process string) error {
 	switch {
 	case process == "":
 		return invalidArgument("process name is empty")

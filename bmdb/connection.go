@@ -10,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/google/uuid"
 	"github.com/lib/pq"
 	"k8s.io/klog/v2"
 
@@ -67,6 +68,9 @@ type testHooks struct {
 	// commit, if set, commits tx in place of tx.Commit, e.g. to report a
 	// connection failure for a COMMIT that did or did not happen.
 	commit func(tx *sql.Tx) error
+	// afterSessionCheck runs inside every session transaction right after
+	// its session check, e.g. to hold one there while another commits.
+	afterSessionCheck func(session uuid.UUID)
 }
 
 // Stats are cumulative figures of a Connection, for tests and metrics.
@@ -158,7 +162,7 @@ func openDB(ctx context.Context, dsn string) (*sql.DB, error) {
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
 		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (%v)", ctx.Err(), err)
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
 		return nil, fmt.Errorf("bmdb: connecting to %s: %w", redactDSN(dsn), redactError(err, dsn))
 	}

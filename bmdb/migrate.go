@@ -64,6 +64,7 @@ func newMigrator(ctx context.Context, db *sql.DB, dsn string, eng engine) (*migr
 	}
 	m, err := migrate.NewWithInstance("iofs", src, eng.String(), drv)
 	if err != nil {
+		drv.Close()
 		return nil, fmt.Errorf("bmdb: preparing migrations: %w", err)
 	}
 	m.Log = migrateLogger{}

@@ -71,7 +71,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 		cancel:   cancel,
 		done:     make(chan struct{}),
 	}
-	s.setLocalDeadline(start.Add(s.interval))
+	s.setLocalDeadline(start.Add(s.localLifetime()))
 	c.metrics.sessionsStarted.Inc()
 	go s.heartbeat()
 	klog.V(1).Infof("bmdb: session %s of %q started (interval %v)", id, c.cfg.ComponentName, s.interval)
@@ -168,6 +168,24 @@ func (s *Session) expire() {
 
 func (s *Session) setLocalDeadline(t time.Time) { s.localDeadline.Store(&t) }
 
+// CockroachClockMargin is how much earlier than one interval after a
+// heartbeat a session on CockroachDB counts itself dead: there now() is a
+// node's hybrid logical clock, which may run ahead of real time by up to the
+// cluster's maximum offset (500 ms by default), so another node may see the
+// deadline pass early. On PostgreSQL, one clock decides and no margin is
+// needed.
+const CockroachClockMargin = 500 * time.Millisecond
+
+// localLifetime is how long after the start of a successful heartbeat the
+// session counts itself alive: the interval, less the clock margin on
+// CockroachDB (at most a quarter of the interval).
+func (s *Session) localLifetime() time.Duration {
+	if s.conn.engine != engineCockroach {
+		return s.interval
+	}
+	return s.interval - min(CockroachClockMargin, s.interval/4)
+}
+
 // Transact runs fn in a SERIALIZABLE transaction that first checks, on the
 // database clock, that the session is alive; an expired session returns an
 // error wrapping ErrSessionExpired and nothing commits. ctx bounds the whole
@@ -178,8 +196,10 @@ func (s *Session) setLocalDeadline(t time.Time) { s.localDeadline.Store(&t) }
 // must have no side effects outside the transaction, and it must return
 // database errors wrapped with %w (never formatted with %v), or the
 // serialization failures that drive retries are masked. An error from fn
-// rolls the attempt back and is returned as is. Retries exhausted return
-// *RetriesExhaustedError.
+// rolls the attempt back and is returned (possibly wrapped with the cause of
+// a done context; errors.Is and errors.As still see it). Retries exhausted
+// return *RetriesExhaustedError; a connection failure during COMMIT returns
+// ErrAmbiguousCommit.
 func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
 	if fn == nil {
 		return invalidArgument("Transact: fn is nil")
@@ -201,6 +221,9 @@ func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
 	return s.conn.transact(ctx, func(tx *Tx) error {
 		if err := s.check(ctx, tx); err != nil {
 			return err
+		}
+		if hook := s.conn.hooks.afterSessionCheck; hook != nil {
+			hook(s.id)
 		}
 		return fn(tx)
 	})
@@ -266,7 +289,7 @@ func (s *Session) poke() error {
 		extended, err := s.pokeOnce(deadline)
 		switch {
 		case err == nil && extended:
-			s.setLocalDeadline(start.Add(s.interval))
+			s.setLocalDeadline(start.Add(s.localLifetime()))
 			s.conn.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds())
 			return nil
 		case err == nil:

@@ -61,12 +61,12 @@ func TestSessionExpiresWhenHeartbeatStalls(t *testing.T) {
 	if !errors.Is(context.Cause(s.Context()), ErrSessionExpired) {
 		t.Fatalf("Context cause = %v", context.Cause(s.Context()))
 	}
-	if elapsed < testInterval-50*time.Millisecond || elapsed > testInterval+500*time.Millisecond {
+	if elapsed < testInterval-50*time.Millisecond || elapsed > testInterval+time.Second {
 		t.Errorf("session ended after %v, want about one interval (%v)", elapsed, testInterval)
 	}
 	// Local death came first: the database still counted the session
 	// alive (give or take scheduling) when it ended locally.
-	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1 AND deadline > now() - INTERVAL '200 milliseconds'", s.ID()); n != 1 {
+	if n := e.count("SELECT count(*) FROM sessions WHERE session_id = $1 AND deadline > now() - INTERVAL '500 milliseconds'", s.ID()); n != 1 {
 		t.Errorf("database had expired the session well before it ended locally")
 	}
 	if err := s.Transact(context.Background(), noCommit); !errors.Is(err, ErrSessionExpired) {
@@ -129,7 +129,7 @@ func TestSessionGivesUpAfterIntervalOfErrors(t *testing.T) {
 	if !errors.Is(s.Err(), ErrSessionExpired) {
 		t.Fatalf("Err() = %v, want ErrSessionExpired", s.Err())
 	}
-	if elapsed < testInterval-50*time.Millisecond || elapsed > testInterval+500*time.Millisecond {
+	if elapsed < testInterval-50*time.Millisecond || elapsed > testInterval+time.Second {
 		t.Errorf("gave up after %v, want about one interval (%v)", elapsed, testInterval)
 	}
 	if n := c.Stats().HeartbeatFailures; n < 3 {

@@ -18,8 +18,9 @@ import (
 // at the same time.
 //
 // A Work must end with exactly one successful Finish, Cancel or Fail; after
-// that, and after one of them has returned ErrWorkLost or ErrSessionExpired
-// (the claim is gone either way), every one of them returns ErrWorkDone. A
+// that, and after one of them has returned ErrWorkLost, ErrSessionExpired or
+// ErrSessionClosed (the claim is gone either way), every one of them returns
+// ErrWorkDone. A
 // call that fails otherwise (ctx done, retries exhausted, an error from
 // commit) changes nothing and leaves the Work open, so the caller may retry
 // it or end the Work another way. If the session ends first, its claims end
@@ -60,7 +61,7 @@ func (w *Work) Session() *Session { return w.s }
 //
 // Work returns ErrNothingToDo when retrieve returns no candidate or only
 // candidates in backoff, ErrWorkConflict when the remaining candidates are
-// all claimed by live sessions, ErrUnknownMachine for a candidate that is not
+// all claimed by live sessions (or by claims committing concurrently), ErrUnknownMachine for a candidate that is not
 // in the machines table, an error wrapping ErrInvalidArgument for a bad
 // process name or a nil retrieve, and the errors of Transact.
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
@@ -74,7 +75,7 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 // claimBatch is Work and WorkBatch: it claims up to limit candidates in one
 // transaction.
 func (s *Session) claimBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
-	if err := validateProcess(process); err != nil {
+	if err := ValidateProcess(process); err != nil {
 		return nil, err
 	}
 	if retrieve == nil {

@@ -352,3 +352,53 @@ func TestWorkAmbiguousCommit(t *testing.T) {
 		})
 	}
 }
+
+// Invariant 5, the real race: a Finish already past its session check when
+// the session expires and another session takes the claim over must not
+// commit. The takeover commits first; the stale Finish then conflicts with
+// it, is retried, and fails on its session check.
+func TestFinishRacingATakeover(t *testing.T) {
+	e := newWorkEnv(t)
+	var hold atomic.Pointer[uuid.UUID]
+	inside, release := make(chan struct{}), make(chan struct{})
+	// A long interval: the heartbeat must not notice the expiry first.
+	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+	var once sync.Once
+	c.hooks.afterSessionCheck = func(session uuid.UUID) {
+		if p := hold.Load(); p != nil && *p == session {
+			once.Do(func() {
+				close(inside)
+				<-release
+			})
+		}
+	}
+	s1, s2 := e.session(c), e.session(c)
+	m := e.machine()
+	w1, err := s1.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := s1.ID()
+	hold.Store(&id)
+	finished := make(chan error, 1)
+	go func() { finished <- w1.Finish(context.Background(), tagCommit(m)) }()
+	<-inside // s1's Finish checked its session: alive
+	e.expireInDB(s1.ID(), time.Millisecond)
+	w2, err := s2.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatalf("takeover during the stale Finish: %v", err)
+	}
+	close(release)
+	if err := <-finished; !errors.Is(err, ErrSessionExpired) && !errors.Is(err, ErrWorkLost) {
+		t.Fatalf("stale Finish = %v, want ErrSessionExpired or ErrWorkLost", err)
+	}
+	if e.tagged(m) {
+		t.Fatal("the stale Finish's commit applied after a takeover")
+	}
+	if got := e.events(m, s1, s2); !slicesEqual(got, "install:Started@1", "install:Abandoned@1", "install:Started@2") {
+		t.Errorf("history = %v", got)
+	}
+	if err := w2.Finish(context.Background(), tagCommit(m)); err != nil || !e.tagged(m) {
+		t.Fatalf("the new holder's Finish: %v", err)
+	}
+}

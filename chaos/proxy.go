@@ -99,7 +99,11 @@ func (p *Proxy) Cut(blackhole bool) {
 	defer p.mu.Unlock()
 	if blackhole {
 		p.state = proxyBlackhole
-		p.gate = make(chan struct{})
+		select {
+		case <-p.gate: // open: close it; a gate already shut stays the one waiters hold
+			p.gate = make(chan struct{})
+		default:
+		}
 		return
 	}
 	p.state = proxyReset

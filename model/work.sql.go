@@ -134,9 +134,6 @@ func (q *Queries) WorkClaim(ctx context.Context, arg WorkClaimParams) (int64, er
 const workClaimState = `-- name: WorkClaimState :one
 SELECT
     EXISTS (
-        SELECT 1 FROM machines m WHERE m.machine_id = $1
-    ) AS machine_exists,
-    EXISTS (
         SELECT 1 FROM work_backoff b
         WHERE b.machine_id = $1 AND b.process = $2
           AND b.until > now()
@@ -158,24 +155,18 @@ type WorkClaimStateParams struct {
 }
 
 type WorkClaimStateRow struct {
-	MachineExists bool `json:"machine_exists"`
-	InBackoff     bool `json:"in_backoff"`
-	Claimed       bool `json:"claimed"`
-	ClaimedLive   bool `json:"claimed_live"`
+	InBackoff   bool `json:"in_backoff"`
+	Claimed     bool `json:"claimed"`
+	ClaimedLive bool `json:"claimed_live"`
 }
 
-// WorkClaimState tells whether (machine, process) may be claimed: whether the
-// machine exists, whether it is in backoff, and whether a claim exists and is
-// held by a live session.
+// WorkClaimState tells why (machine, process) could not be claimed: whether
+// it is in backoff, and whether a claim exists and is held by a live
+// session.
 func (q *Queries) WorkClaimState(ctx context.Context, arg WorkClaimStateParams) (WorkClaimStateRow, error) {
 	row := q.queryRow(ctx, q.workClaimStateStmt, workClaimState, arg.MachineID, arg.Process)
 	var i WorkClaimStateRow
-	err := row.Scan(
-		&i.MachineExists,
-		&i.InBackoff,
-		&i.Claimed,
-		&i.ClaimedLive,
-	)
+	err := row.Scan(&i.InBackoff, &i.Claimed, &i.ClaimedLive)
 	return i, err
 }
 

@@ -1,11 +1,8 @@
 -- name: WorkClaimState :one
--- WorkClaimState tells whether (machine, process) may be claimed: whether the
--- machine exists, whether it is in backoff, and whether a claim exists and is
--- held by a live session.
+-- WorkClaimState tells why (machine, process) could not be claimed: whether
+-- it is in backoff, and whether a claim exists and is held by a live
+-- session.
 SELECT
-    EXISTS (
-        SELECT 1 FROM machines m WHERE m.machine_id = sqlc.arg(machine_id)
-    ) AS machine_exists,
     EXISTS (
         SELECT 1 FROM work_backoff b
         WHERE b.machine_id = sqlc.arg(machine_id) AND b.process = sqlc.arg(process)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/model"
@@ -109,8 +110,9 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error, asJSON
 	if !errors.As(err, &he) {
 		klog.Warningf("web: %s: %v", r.URL.Path, err)
 		he = &httpError{http.StatusInternalServerError, "the database did not answer in time or failed; see the server log"}
-		if errors.Is(err, context.DeadlineExceeded) {
-			he.status = http.StatusServiceUnavailable
+		var pqErr *pq.Error
+		if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &pqErr) && pqErr.Code == "57014") {
+			he.status = http.StatusServiceUnavailable // the query timeout cancelled it
 		}
 	}
 	if asJSON {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -124,8 +125,11 @@ func (h *Handler) machines(ctx context.Context, r *http.Request) (any, error) {
 		return nil, badRequest("stage %q is not one of %s", f.Stage, strings.Join(Stages, ", "))
 	}
 	for _, p := range []string{f.Process, f.Backoff} {
-		if len(p) > 128 {
-			return nil, badRequest("process name is longer than 128 bytes")
+		if p == "" {
+			continue
+		}
+		if err := bmdb.ValidateProcess(p); err != nil {
+			return nil, badRequest("process %q: %v", p, err)
 		}
 	}
 	after := uuid.Nil

@@ -111,9 +111,10 @@ func (c Config) withDefaults() Config {
 }
 
 func (c Config) validate() error {
+	if err := bmdb.ValidateProcess(c.Process); err != nil {
+		return fmt.Errorf("worker.Config.Process: %w", err)
+	}
 	switch {
-	case c.Process == "":
-		return fmt.Errorf("%w: worker.Config.Process is empty", bmdb.ErrInvalidArgument)
 	case c.Retrieve == nil:
 		return fmt.Errorf("%w: worker.Config.Retrieve is nil", bmdb.ErrInvalidArgument)
 	case c.Work == nil:
@@ -296,30 +297,39 @@ func (l *Loop) process(workCtx context.Context, w *bmdb.Work) {
 		klog.Warningf("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), context.Cause(sessCtx))
 		return
 	}
-	// Ending the claim must not be cut short by shutdown; it is bounded by
-	// the session (Transact aborts when it ends) and by a timeout.
-	endCtx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), l.cfg.ShutdownGrace+time.Second)
-	defer cancel()
 	switch {
-	case errors.Is(context.Cause(workCtx), errShutdown):
-		l.end(workCtx, w, &l.canceled, w.Cancel(endCtx))
-	case err != nil:
-		l.end(workCtx, w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, err.Error()))
-	default:
+	case err == nil:
 		if commit == nil {
 			commit = func(*bmdb.Tx) error { return nil }
 		}
-		err := w.Finish(endCtx, commit)
+		err := l.ending(workCtx, func(ctx context.Context) error { return w.Finish(ctx, commit) })
 		if err != nil && !lost(err) {
 			// The commit itself failed (or its outcome is unknown): back off
 			// rather than retry it at once. If it did commit, Fail finds the
 			// claim gone.
 			klog.Warningf("worker %s: finishing %s: %v", l.cfg.Process, w.Machine(), err)
-			l.end(workCtx, w, &l.failed, w.Fail(endCtx, &l.cfg.Backoff, "finish failed: "+err.Error()))
+			l.end(workCtx, w, &l.failed, l.ending(workCtx, func(ctx context.Context) error {
+				return w.Fail(ctx, &l.cfg.Backoff, "finish failed: "+err.Error())
+			}))
 			return
 		}
 		l.end(workCtx, w, &l.finished, err)
+	case errors.Is(context.Cause(workCtx), errShutdown):
+		l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
+	default:
+		l.end(workCtx, w, &l.failed, l.ending(workCtx, func(ctx context.Context) error {
+			return w.Fail(ctx, &l.cfg.Backoff, err.Error())
+		}))
 	}
+}
+
+// ending runs one call that ends a claim. It must not be cut short by
+// shutdown: it is bounded by the session (Transact aborts when it ends) and
+// by a timeout of its own.
+func (l *Loop) ending(workCtx context.Context, end func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), l.cfg.ShutdownGrace+time.Second)
+	defer cancel()
+	return end(ctx)
 }
 
 // end counts how a claim ended; if ending it failed for another reason than
@@ -345,9 +355,7 @@ func (l *Loop) end(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64,
 func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 	wait := l.cfg.PollMin
 	for {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), l.cfg.ShutdownGrace+time.Second)
-		err := w.Cancel(ctx)
-		cancel()
+		err := l.ending(workCtx, w.Cancel)
 		switch {
 		case err == nil:
 			l.canceled.Add(1)

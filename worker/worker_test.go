@@ -53,7 +53,9 @@ func newEnv(t *testing.T, n int) *env {
 	if _, err := model.New(db).MachineCreateMany(context.Background(), int64(n)); err != nil {
 		t.Fatal(err)
 	}
-	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "worker-test", SessionInterval: time.Second})
+	// Long enough that a loaded machine does not expire sessions by accident:
+	// tests of expiry force it in the database.
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "worker-test", SessionInterval: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,6 +403,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		mod   func(*Config)
 	}{
 		{"Process", func(c *Config) { c.Process = "" }},
+		{"Process", func(c *Config) { c.Process = strings.Repeat("p", bmdb.MaxProcessLength+1) }},
 		{"Retrieve", func(c *Config) { c.Retrieve = nil }},
 		{"Work", func(c *Config) { c.Work = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
@@ -460,5 +463,27 @@ func TestLoopSurvivesKilledConnections(t *testing.T) {
 	}
 	if st := e.conn.Stats(); st.TxConnectionRetries == 0 {
 		t.Errorf("connection stats %+v: no connection retry", st)
+	}
+}
+
+// Work that completes after the grace period ended its context is still
+// finished, not canceled: its result is there to commit.
+func TestLoopFinishesWorkThatSucceedsLate(t *testing.T) {
+	e := newEnv(t, 1)
+	l, stop := e.start(Config{
+		PollMin:       10 * time.Millisecond,
+		ShutdownGrace: 100 * time.Millisecond,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			<-ctx.Done() // ignores cancellation, and succeeds anyway
+			return markDone(w), nil
+		},
+	})
+	eventually(t, 10*time.Second, "the claim", func() bool { return e.count("SELECT count(*) FROM work") == 1 })
+	stop()
+	if n := e.count("SELECT count(*) FROM done"); n != 1 {
+		t.Errorf("the late result was not committed")
+	}
+	if st := l.Stats(); st.Finished != 1 || st.Canceled != 0 {
+		t.Errorf("stats %+v", st)
 	}
 }

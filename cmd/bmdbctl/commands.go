@@ -13,6 +13,7 @@ import (
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/web"
 )
 
 type runFunc = func(ctx context.Context, c *common, args []string) error
@@ -196,8 +197,6 @@ func backoffsCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-var stages = []string{"new", "provided", "agent-started", "os-installed"}
-
 type machineRecord struct {
 	MachineID      uuid.UUID `json:"machine_id"`
 	CreatedAt      time.Time `json:"created_at"`
@@ -214,8 +213,8 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 		if err := noArgs("machines", args); err != nil {
 			return err
 		}
-		if *stage != "" && !slices.Contains(stages, *stage) {
-			return usagef("--stage %q is not one of %v", *stage, stages)
+		if *stage != "" && !slices.Contains(web.Stages, *stage) {
+			return usagef("--stage %q is not one of %v", *stage, web.Stages)
 		}
 		if err := checkLimit(*limit); err != nil {
 			return err
