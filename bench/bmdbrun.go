@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 )
@@ -45,6 +46,9 @@ var leanRetrieval bool
 
 // commitSQL is the trivial commit of Finish: the machine no longer needs work.
 const commitSQL = `DELETE FROM bench_pending WHERE machine_id = $1`
+
+// commitManySQL is commitSQL for a FinishAll batch.
+const commitManySQL = `DELETE FROM bench_pending WHERE machine_id = ANY ($1::UUID[])`
 
 // pick is how a worker chooses among the oldest candidates.
 type pick string
@@ -110,6 +114,36 @@ type cycle struct {
 	limit int64
 	// untilEmpty keeps workers polling on ErrNothingToDo until limit claims.
 	untilEmpty bool
+	// batch > 1 claims up to batch machines per transaction (WorkBatch) and
+	// finishes them together (FinishAll).
+	batch int
+}
+
+// claim makes one Work or WorkBatch call.
+func (c cycle) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, error) {
+	if c.batch > 1 {
+		return sess.WorkBatch(ctx, c.process, c.batch, c.retrieve(ctx))
+	}
+	w, err := sess.Work(ctx, c.process, c.retrieve(ctx))
+	if err != nil {
+		return nil, err
+	}
+	return []*bmdb.Work{w}, nil
+}
+
+// finish ends the claims of one claim call.
+func (c cycle) finish(ctx context.Context, sess *bmdb.Session, works []*bmdb.Work) error {
+	if len(works) > 1 {
+		return sess.FinishAll(ctx, works, func(tx *bmdb.Tx, works []*bmdb.Work) error {
+			ids := make([]uuid.UUID, len(works))
+			for i, w := range works {
+				ids[i] = w.Machine()
+			}
+			_, err := tx.DBTX().ExecContext(ctx, commitManySQL, pq.Array(ids))
+			return err
+		})
+	}
+	return works[0].Finish(ctx, c.commit(ctx, works[0]))
 }
 
 // finishCommit deletes the machine's pending tag.
@@ -160,13 +194,13 @@ func (c cycle) run(ctx context.Context, n int) (result, error) {
 			for ctx.Err() == nil && (c.limit == 0 || claimed.Load() < c.limit) {
 				t0 := time.Now()
 				wait := time.Millisecond
-				var w *bmdb.Work
+				var works []*bmdb.Work
 				var err error
-				for w == nil {
+				for works == nil {
 					if c.limit > 0 && claimed.Load() >= c.limit {
 						return
 					}
-					w, err = sess.Work(ctx, c.process, c.retrieve(ctx))
+					works, err = c.claim(ctx, sess)
 					switch {
 					case err == nil:
 					case errors.Is(err, bmdb.ErrWorkConflict), c.untilEmpty && errors.Is(err, bmdb.ErrNothingToDo):
@@ -185,10 +219,12 @@ func (c cycle) run(ctx context.Context, n int) (result, error) {
 						return
 					}
 				}
-				claimed.Add(1)
-				mine = append(mine, time.Since(t0))
-				when = append(when, time.Since(start))
-				if err := w.Finish(ctx, c.commit(ctx, w)); err != nil {
+				claimed.Add(int64(len(works)))
+				for range works {
+					mine = append(mine, time.Since(t0))
+					when = append(when, time.Since(start))
+				}
+				if err := c.finish(ctx, sess, works); err != nil {
 					fail(err)
 					return
 				}
@@ -211,8 +247,9 @@ func (c cycle) run(ctx context.Context, n int) (result, error) {
 }
 
 // throughputCycle is the bmdb run of the comparison table.
-func throughputCycle(conn *bmdb.Connection, process string, p pick, k int) cycle {
+func throughputCycle(conn *bmdb.Connection, process string, p pick, k, batch int) cycle {
 	return cycle{
+		batch:   batch,
 		conn:    conn,
 		process: process,
 		retrieve: func(ctx context.Context) func(tx *bmdb.Tx) ([]uuid.UUID, error) {

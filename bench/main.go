@@ -24,6 +24,7 @@ type config struct {
 	rounds          int
 	pick            pick
 	candidates      int
+	batch           int
 	scale           []int
 	scaleClaims     int
 	contentionItems int
@@ -42,6 +43,7 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds of the throughput table, interleaving floor, bmdb and River; the median is reported")
 	flag.StringVar(&pk, "pick", string(pickShuffle), "how bmdb workers choose among candidates: first, shuffle or offset")
 	flag.IntVar(&c.candidates, "candidates", 16, "candidates per retrieval (and the offset range of -pick offset)")
+	flag.IntVar(&c.batch, "batch", 16, "machines per WorkBatch/FinishAll transaction in the bmdb batch column (1: no batch column)")
 	flag.StringVar(&scale, "scale", "10000,1000000", "machine counts of the scale run")
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
@@ -190,7 +192,7 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 	}
 	defer rb.Close()
 	db := conn.DB()
-	floor, bm, rv := map[int][]result{}, map[int][]result{}, map[int][]result{}
+	floor, bm, bb, rv := map[int][]result{}, map[int][]result{}, map[int][]result{}, map[int][]result{}
 	var checks []string
 	for round := 1; round <= cfg.rounds; round++ {
 		for _, n := range cfg.workers {
@@ -204,13 +206,22 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 			floor[n] = append(floor[n], r)
 			fmt.Fprintf(os.Stderr, "round %d N=%d floor %.0f/s", round, n, r.rate())
 
-			r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, cfg.candidates)
+			r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, cfg.candidates, 1)
 			if err != nil {
 				return err
 			}
 			bm[n] = append(bm[n], r)
 			checks = append(checks, fmt.Sprintf("round %d N=%-2d %s", round, n, chk))
 			fmt.Fprintf(os.Stderr, ", bmdb %.0f/s", r.rate())
+			if cfg.batch > 1 {
+				r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, max(cfg.candidates, 2*cfg.batch), cfg.batch)
+				if err != nil {
+					return err
+				}
+				bb[n] = append(bb[n], r)
+				checks = append(checks, fmt.Sprintf("round %d N=%-2d batch %d %s", round, n, cfg.batch, chk))
+				fmt.Fprintf(os.Stderr, ", bmdb batch %.0f/s", r.rate())
+			}
 
 			if r, err = rb.run(ctx, cfg.machines, n); err != nil {
 				return err
@@ -229,6 +240,17 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 			ms(b.claims.pct(50)), ms(b.claims.pct(99)))
 	}
 	t.flush()
+	if cfg.batch > 1 {
+		fmt.Printf("\n== Throughput with batches: WorkBatch/FinishAll of %d machines, M=%d, median of %d rounds ==\n", cfg.batch, cfg.machines, cfg.rounds)
+		t := newTable(os.Stdout, "N", "floor items/s", "batch items/s", "River jobs/s", "batch/floor", "batch/River",
+			"tx/item", "retries", "claim p50", "claim p99")
+		for _, n := range cfg.workers {
+			f, b, r := median(floor[n]), median(bb[n]), median(rv[n])
+			t.row(fmt.Sprint(n), f0(f.rate()), f0(b.rate()), f0(r.rate()), ratio(b.rate(), f.rate()), ratio(b.rate(), r.rate()),
+				f2(float64(b.attempts)/float64(max(b.items, 1))), fmt.Sprint(b.retries), ms(b.claims.pct(50)), ms(b.claims.pct(99)))
+		}
+		t.flush()
+	}
 	fmt.Println("exactly-once check (work_history, per bmdb run):")
 	for _, c := range checks {
 		fmt.Println("  " + c)
@@ -238,12 +260,12 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 
 // bmdbOnce seeds m machines, processes them with n workers and checks that
 // each was finished exactly once.
-func bmdbOnce(ctx context.Context, conn *bmdb.Connection, m, n int, p pick, k int) (result, check, error) {
+func bmdbOnce(ctx context.Context, conn *bmdb.Connection, m, n int, p pick, k, batch int) (result, check, error) {
 	const process = "bench"
 	if err := seed(ctx, conn.DB(), m); err != nil {
 		return result{}, check{}, err
 	}
-	r, err := throughputCycle(conn, process, p, k).run(ctx, n)
+	r, err := throughputCycle(conn, process, p, k, batch).run(ctx, n)
 	if err != nil {
 		return r, check{}, err
 	}
@@ -260,7 +282,7 @@ func runPicks(ctx context.Context, cfg config, conn *bmdb.Connection) error {
 	fmt.Printf("\n== Candidate choice: bmdb, N=%d, M=%d, %d candidates ==\n", n, cfg.machines, cfg.candidates)
 	t := newTable(os.Stdout, "pick", "items/s", "tx/item", "retries", "conflicts", "claim p50", "claim p99", "exactly once")
 	for _, p := range []pick{pickFirst, pickShuffle, pickOffset} {
-		r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, p, cfg.candidates)
+		r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, p, cfg.candidates, 1)
 		if err != nil {
 			return fmt.Errorf("pick %s: %w", p, err)
 		}

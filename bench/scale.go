@@ -104,7 +104,7 @@ func runScale(ctx context.Context, conn *bmdb.Connection, size, claims int) (sca
 	if _, err := db.ExecContext(ctx, "VACUUM ANALYZE"); err != nil {
 		return scaleResult{}, err
 	}
-	c := throughputCycle(conn, process, pickShuffle, 16)
+	c := throughputCycle(conn, process, pickShuffle, 16, 1)
 	c.limit = int64(claims)
 	res, err := c.run(ctx, 1)
 	if err != nil {

@@ -98,7 +98,7 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 		return err
 	}
 	reason = truncateCause(reason)
-	err := s.transact(ctx, func(tx *Tx) error {
+	err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
 		n, err := tx.q.WorkBackoffDelete(ctx, model.WorkBackoffDeleteParams{MachineID: machine, Process: process})
 		if err != nil {
 			return fmt.Errorf("bmdb: clearing backoff of %q on %s: %w", process, machine, err)

@@ -37,18 +37,20 @@ func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retr
 	return s.claimBatch(ctx, process, limit, retrieve)
 }
 
-// FinishAll finishes works, all claims of this session, in one transaction:
-// for each, as Finish does, it ends the claim, clears its backoff and runs
-// commit(tx, w). It is all or nothing: if any claim is gone, FinishAll
-// returns ErrWorkLost naming it and nothing commits; that Work is ended
-// (ErrWorkDone from then on) and the others stay open, to be finished again
-// without it. Like Finish, an error from commit rolls everything back and
-// leaves every Work open.
+// FinishAll finishes works, all claims of this session, in one transaction
+// of a few statements whatever their number: it ends every claim (only if
+// this session still holds it), records Finished, clears their backoffs,
+// and runs commit(tx, works) once, to apply the results of all of them. It
+// is all or nothing: if any claim is gone, FinishAll returns ErrWorkLost
+// naming it and nothing commits; that Work is ended (ErrWorkDone from then
+// on) and the others stay open, to be finished again without it. Like
+// Finish, an error from commit rolls everything back and leaves every Work
+// open.
 //
 // commit may run several times (see Transact) and must not be nil. works
 // must be non-empty, at most MaxBatch, of this session, distinct, and not
 // ended (else ErrInvalidArgument or ErrWorkDone).
-func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *Tx, w *Work) error) error {
+func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *Tx, works []*Work) error) error {
 	if err := s.checkBatch(works); err != nil {
 		return err
 	}
@@ -73,17 +75,18 @@ func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *
 		}
 	}
 	var lost *Work
-	err := s.transact(ctx, func(tx *Tx) error {
+	err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
 		lost = nil
-		for _, w := range works {
-			if err := w.finishIn(ctx, tx, func(tx *Tx) error { return commit(tx, w) }); err != nil {
-				if errors.Is(err, ErrWorkLost) {
-					lost = w
-				}
+		for process, group := range byProcess(works) {
+			var err error
+			if lost, err = s.finishGroup(ctx, tx, process, group); err != nil {
 				return err
 			}
+			if lost != nil {
+				return lost.lostError()
+			}
 		}
-		return nil
+		return commit(tx, works)
 	})
 	switch {
 	case err == nil:
@@ -99,6 +102,46 @@ func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *
 		lost.ended = true
 	}
 	return err
+}
+
+// finishGroup ends the claims of one process inside tx and clears their
+// backoffs. It returns the first Work whose claim was no longer held, if
+// any.
+func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group []*Work) (*Work, error) {
+	ids := make([]uuid.UUID, len(group))
+	for i, w := range group {
+		ids[i] = w.machine
+	}
+	ended, err := tx.q.WorkFinishMany(ctx, model.WorkFinishManyParams{
+		MachineIds: ids, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: FinishAll: ending %d claims of %q: %w", len(ids), process, err)
+	}
+	if len(ended) < len(ids) {
+		got := make(map[uuid.UUID]bool, len(ended))
+		for _, id := range ended {
+			got[id] = true
+		}
+		for _, w := range group {
+			if !got[w.machine] {
+				return w, nil
+			}
+		}
+	}
+	if err := tx.q.WorkBackoffDeleteMany(ctx, model.WorkBackoffDeleteManyParams{MachineIds: ids, Process: process}); err != nil {
+		return nil, fmt.Errorf("bmdb: FinishAll: clearing backoffs of %q: %w", process, err)
+	}
+	return nil, nil
+}
+
+// byProcess groups works by process.
+func byProcess(works []*Work) map[string][]*Work {
+	groups := map[string][]*Work{}
+	for _, w := range works {
+		groups[w.process] = append(groups[w.process], w)
+	}
+	return groups
 }
 
 // checkBatch validates the Works given to FinishAll.

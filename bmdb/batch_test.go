@@ -5,9 +5,20 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 )
+
+// tagAll is a FinishAll commit that tags every machine.
+func tagAll(tx *Tx, works []*Work) error {
+	for _, w := range works {
+		if err := tagCommit(w.Machine())(tx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func machineSet(works []*Work) map[uuid.UUID]bool {
 	set := map[uuid.UUID]bool{}
@@ -50,7 +61,7 @@ func TestWorkBatchAndFinishAll(t *testing.T) {
 		t.Fatalf("WorkBatch with every machine taken = %v, want ErrWorkConflict", err)
 	}
 
-	if err := s1.FinishAll(ctx, works, func(tx *Tx, w *Work) error { return tagCommit(w.Machine())(tx) }); err != nil {
+	if err := s1.FinishAll(ctx, works, tagAll); err != nil {
 		t.Fatalf("FinishAll: %v", err)
 	}
 	for _, w := range works {
@@ -81,7 +92,7 @@ func TestFinishAllWithALostClaim(t *testing.T) {
 		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
 	}
 	e.exec("DELETE FROM work WHERE machine_id = $1", ms[1])
-	tag := func(tx *Tx, w *Work) error { return tagCommit(w.Machine())(tx) }
+	tag := tagAll
 	err = s.FinishAll(ctx, works, tag)
 	if !errors.Is(err, ErrWorkLost) || !strings.Contains(err.Error(), ms[1].String()) {
 		t.Fatalf("FinishAll with a lost claim = %v, want ErrWorkLost naming it", err)
@@ -113,10 +124,10 @@ func TestBatchRejectsBadInput(t *testing.T) {
 	}
 	w, _ := s.Work(ctx, "install", retrieveAll(m1))
 	theirs, _ := other.Work(ctx, "install", retrieveAll(m2))
-	commit := func(*Tx, *Work) error { return nil }
+	commit := func(*Tx, []*Work) error { return nil }
 	for name, tc := range map[string]struct {
 		works  []*Work
-		commit func(*Tx, *Work) error
+		commit func(*Tx, []*Work) error
 	}{
 		"empty":           {nil, commit},
 		"nil commit":      {[]*Work{w}, nil},
@@ -131,4 +142,77 @@ func TestBatchRejectsBadInput(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM work"); n != 2 {
 		t.Errorf("refused calls changed the claims: %d left", n)
 	}
+}
+
+// On PostgreSQL a connection runs its claim transactions one at a time by
+// default (Config.ClaimConcurrency), so its sessions racing for machines do
+// not abort each other: every machine is finished once, with no
+// serialization retry.
+func TestClaimConcurrencySerialisesClaims(t *testing.T) {
+	e := newWorkEnv(t)
+	if e.count("SELECT count(*) FROM (SELECT version() AS v) x WHERE v LIKE '%CockroachDB%'") == 1 {
+		t.Skip("on CockroachDB claims are not bounded by default")
+	}
+	c := e.open()
+	const machines, workers = 60, 8
+	for range machines {
+		e.machine()
+	}
+	errs := make(chan error, workers)
+	for range workers {
+		s := e.session(c)
+		go func() {
+			for {
+				w, err := s.Work(context.Background(), "install", retrieveUntagged)
+				if errors.Is(err, ErrNothingToDo) {
+					errs <- nil
+					return
+				}
+				if errors.Is(err, ErrWorkConflict) { // the rest is being worked on
+					time.Sleep(time.Millisecond)
+					continue
+				}
+				if err == nil {
+					err = w.Finish(context.Background(), tagCommit(w.Machine()))
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	for range workers {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := e.count("SELECT count(*) FROM tag"); n != machines {
+		t.Errorf("%d machines done, want %d", n, machines)
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Finished'"); n != machines {
+		t.Errorf("%d Finished rows, want %d", n, machines)
+	}
+	if st := c.Stats(); st.TxRetries != 0 {
+		t.Errorf("stats %+v: claim transactions of one connection conflicted", st)
+	}
+}
+
+// retrieveUntagged proposes up to 10 machines without a tag.
+func retrieveUntagged(tx *Tx) ([]uuid.UUID, error) {
+	rows, err := tx.DBTX().QueryContext(context.Background(),
+		"SELECT machine_id FROM machines m WHERE NOT EXISTS (SELECT 1 FROM tag t WHERE t.machine_id = m.machine_id) ORDER BY machine_id LIMIT 10")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var ids []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		ids = append(ids, id)
+	}
+	return ids, rows.Err()
 }

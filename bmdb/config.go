@@ -79,6 +79,16 @@ type Config struct {
 	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
 	MaxOpenConns int
 
+	// ClaimConcurrency bounds how many claim transactions (Work, WorkBatch,
+	// Finish, FinishAll, Cancel, Fail, ClearBackoff) of the connection run
+	// at once; the others wait their turn (ctx-aware). On PostgreSQL,
+	// SERIALIZABLE claim transactions on the small, hot work table conflict
+	// with each other whatever machines they touch, so running them one at
+	// a time is faster than letting them abort and retry: 0 means 1 there.
+	// On CockroachDB, whose conflicts are per key, 0 means no bound.
+	// Negative means no bound on either. Session.Transact is never bounded.
+	ClaimConcurrency int
+
 	// Metrics receives the connection's Prometheus metrics (see
 	// NewMetrics). Defaults to nil: metrics are kept but exported nowhere.
 	Metrics *Metrics
@@ -133,6 +143,8 @@ func (c Config) validate() error {
 		return invalidArgument("Config.GCGracePeriod is %v, must not be negative", c.GCGracePeriod)
 	case c.MaxTxAttempts <= 0:
 		return invalidArgument("Config.MaxTxAttempts is %d, must be positive", c.MaxTxAttempts)
+	case c.ClaimConcurrency > 10000:
+		return invalidArgument("Config.ClaimConcurrency is %d, more than 10000", c.ClaimConcurrency)
 	case c.MaxOpenConns < 0:
 		return invalidArgument("Config.MaxOpenConns is %d, must not be negative", c.MaxOpenConns)
 	case c.MaxIdleConns < 0:

@@ -46,6 +46,9 @@ type Connection struct {
 	// pooled connection): a transaction's statements skip parsing and
 	// planning, and run in one round trip each.
 	prepared *model.Queries
+	// claimSlots bounds concurrent claim transactions (ClaimConcurrency);
+	// nil: no bound.
+	claimSlots *slots
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -133,6 +136,9 @@ func (c *Connection) setUp(ctx context.Context) error {
 		return err
 	}
 	c.engine = eng
+	if n := c.cfg.ClaimConcurrency; n > 0 || (n == 0 && eng == enginePostgres) {
+		c.claimSlots = newSlots(max(n, 1))
+	}
 	return migrateOnOpen(ctx, c.db, c.cfg.DSN, c.engine, !c.cfg.SkipMigrations)
 }
 

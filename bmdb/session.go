@@ -229,6 +229,23 @@ func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
 	})
 }
 
+// claimTransact is transact for claim transactions, bounded by
+// Config.ClaimConcurrency: it waits for a slot, at priority (ends of claims
+// before new claims), as long as ctx and the session allow.
+func (s *Session) claimTransact(ctx context.Context, priority int, fn func(tx *Tx) error) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	defer func() {
+		stop()
+		cancel(nil)
+	}()
+	if err := s.conn.claimSlots.acquire(ctx, priority); err != nil {
+		return err
+	}
+	defer s.conn.claimSlots.release()
+	return s.transact(ctx, fn)
+}
+
 // check verifies inside tx that the session is alive on the database clock.
 func (s *Session) check(ctx context.Context, tx *Tx) error {
 	_, err := tx.q.SessionCheck(ctx, s.id)

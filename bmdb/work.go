@@ -84,7 +84,7 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 	start := time.Now()
 	var machines []uuid.UUID
 	var tookOver bool
-	err := s.transact(ctx, func(tx *Tx) error {
+	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
 		candidates, err := retrieve(tx)
 		if err != nil {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
@@ -120,7 +120,7 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 // nobody working on it. It returns ambiguous if none is held.
 func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, machines []uuid.UUID, ambiguous error) ([]uuid.UUID, error) {
 	var held []uuid.UUID
-	err := s.transact(ctx, func(tx *Tx) error {
+	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
 		held = held[:0]
 		for _, m := range machines {
 			w, err := tx.q.WorkGet(ctx, model.WorkGetParams{MachineID: m, Process: process})
@@ -153,17 +153,18 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, ma
 // does the second pass read the claims' state, to take over one held by an
 // expired session or to tell a conflict from backoff.
 func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]uuid.UUID, bool, error) {
+	candidates = distinct(candidates)
 	var claimed []uuid.UUID
-	for _, machine := range candidates {
-		ok, err := s.claim(ctx, tx, machine, process)
+	// Claim in chunks of what is still missing: one statement when nothing
+	// is contended, never more than limit claims.
+	for rest := candidates; len(rest) > 0 && len(claimed) < limit; {
+		chunk := rest[:min(limit-len(claimed), len(rest))]
+		rest = rest[len(chunk):]
+		got, err := s.claimMany(ctx, tx, process, chunk)
 		if err != nil {
 			return nil, false, err
 		}
-		if ok {
-			if claimed = append(claimed, machine); len(claimed) == limit {
-				break
-			}
-		}
+		claimed = append(claimed, got...)
 	}
 	if len(claimed) > 0 {
 		return claimed, false, nil
@@ -173,6 +174,50 @@ func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, c
 		return nil, false, err
 	}
 	return []uuid.UUID{machine}, true, nil
+}
+
+// claimMany runs WorkClaimMany on machines and returns those claimed, in
+// the order given.
+func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]uuid.UUID, error) {
+	ids, err := tx.q.WorkClaimMany(ctx, model.WorkClaimManyParams{
+		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+	})
+	if sqlState(err) == codeForeignKeyViolation {
+		return nil, fmt.Errorf("%w: retrieve returned a machine that does not exist for %q: %w", ErrUnknownMachine, process, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
+	}
+	if len(ids) == len(machines) {
+		return machines, nil
+	}
+	got := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		got[id] = true
+	}
+	var claimed []uuid.UUID
+	for _, m := range machines {
+		if got[m] {
+			claimed = append(claimed, m)
+		}
+	}
+	return claimed, nil
+}
+
+// distinct returns ids without repetitions, in first-seen order.
+func distinct(ids []uuid.UUID) []uuid.UUID {
+	if len(ids) < 2 {
+		return ids
+	}
+	seen := make(map[uuid.UUID]bool, len(ids))
+	out := ids[:0:0]
+	for _, id := range ids {
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // takeOverFirst takes over the first candidate whose claim is held by an
@@ -203,20 +248,6 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 		return uuid.Nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
 	return uuid.Nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
-}
-
-// claim runs WorkClaim and reports whether it claimed the machine.
-func (s *Session) claim(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (bool, error) {
-	n, err := tx.q.WorkClaim(ctx, model.WorkClaimParams{
-		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-	})
-	if sqlState(err) == codeForeignKeyViolation {
-		return false, fmt.Errorf("%w: retrieve returned %s for %q: %w", ErrUnknownMachine, machine, process, err)
-	}
-	if err != nil {
-		return false, fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
-	}
-	return n > 0, nil
 }
 
 // takeOver removes the claim of an expired session, recording Abandoned.
@@ -262,15 +293,17 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 	return w.end(ctx, model.WorkHistoryEventFinished, func(tx *Tx) error { return w.finishIn(ctx, tx, commit) })
 }
 
-// finishIn ends the claim as Finished inside tx, clears its backoff, and
-// runs commit.
+// finishIn ends the claim as Finished inside tx, clears its backoff (one
+// statement, WorkFinish), and runs commit.
 func (w *Work) finishIn(ctx context.Context, tx *Tx, commit func(tx *Tx) error) error {
-	if err := w.endClaim(ctx, tx, model.WorkHistoryEventFinished, ""); err != nil {
-		return err
+	rows, err := tx.q.WorkFinish(ctx, model.WorkFinishParams{
+		MachineID: w.machine, Process: w.process, SessionID: w.s.id, ComponentName: w.s.conn.cfg.ComponentName,
+	})
+	if err != nil {
+		return fmt.Errorf("bmdb: finishing %q on %s: %w", w.process, w.machine, err)
 	}
-	key := model.WorkBackoffDeleteParams{MachineID: w.machine, Process: w.process}
-	if _, err := tx.q.WorkBackoffDelete(ctx, key); err != nil {
-		return fmt.Errorf("bmdb: Finish: clearing backoff: %w", err)
+	if rows == 0 {
+		return w.lostError()
 	}
 	return commit(tx)
 }
@@ -323,7 +356,7 @@ func (w *Work) end(ctx context.Context, event model.WorkHistoryEvent, fn func(tx
 	if w.ended {
 		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.machine, event, ErrWorkDone)
 	}
-	err := w.s.transact(ctx, fn)
+	err := w.s.claimTransact(ctx, priorityEnd, fn)
 	if err == nil || claimGone(err) {
 		w.ended = true
 	}
@@ -353,7 +386,12 @@ func (w *Work) endClaim(ctx context.Context, tx *Tx, event model.WorkHistoryEven
 		return fmt.Errorf("bmdb: ending %q on %s: %w", w.process, w.machine, err)
 	}
 	if rows == 0 {
-		return fmt.Errorf("%w: %q on %s is no longer held by session %s", ErrWorkLost, w.process, w.machine, w.s.id)
+		return w.lostError()
 	}
 	return nil
+}
+
+// lostError is ErrWorkLost for w.
+func (w *Work) lostError() error {
+	return fmt.Errorf("%w: %q on %s is no longer held by session %s", ErrWorkLost, w.process, w.machine, w.s.id)
 }

@@ -361,8 +361,11 @@ func TestFinishRacingATakeover(t *testing.T) {
 	e := newWorkEnv(t)
 	var hold atomic.Pointer[uuid.UUID]
 	inside, release := make(chan struct{}), make(chan struct{})
-	// A long interval: the heartbeat must not notice the expiry first.
+	// A long interval: the heartbeat must not notice the expiry first. The
+	// two sessions are two components, each with its connection (one
+	// connection runs its claim transactions one at a time).
 	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+	other := e.open()
 	var once sync.Once
 	c.hooks.afterSessionCheck = func(session uuid.UUID) {
 		if p := hold.Load(); p != nil && *p == session {
@@ -372,7 +375,7 @@ func TestFinishRacingATakeover(t *testing.T) {
 			})
 		}
 	}
-	s1, s2 := e.session(c), e.session(c)
+	s1, s2 := e.session(c), e.session(other)
 	m := e.machine()
 	w1, err := s1.Work(context.Background(), "install", retrieveAll(m))
 	if err != nil {

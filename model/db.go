@@ -135,6 +135,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workBackoffDeleteStmt, err = db.PrepareContext(ctx, workBackoffDelete); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffDelete: %w", err)
 	}
+	if q.workBackoffDeleteManyStmt, err = db.PrepareContext(ctx, workBackoffDeleteMany); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffDeleteMany: %w", err)
+	}
 	if q.workBackoffForMachineStmt, err = db.PrepareContext(ctx, workBackoffForMachine); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffForMachine: %w", err)
 	}
@@ -147,8 +150,8 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workBackoffUpsertStmt, err = db.PrepareContext(ctx, workBackoffUpsert); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffUpsert: %w", err)
 	}
-	if q.workClaimStmt, err = db.PrepareContext(ctx, workClaim); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkClaim: %w", err)
+	if q.workClaimManyStmt, err = db.PrepareContext(ctx, workClaimMany); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkClaimMany: %w", err)
 	}
 	if q.workClaimStateStmt, err = db.PrepareContext(ctx, workClaimState); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkClaimState: %w", err)
@@ -158,6 +161,12 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.workEndSessionStmt, err = db.PrepareContext(ctx, workEndSession); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEndSession: %w", err)
+	}
+	if q.workFinishStmt, err = db.PrepareContext(ctx, workFinish); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkFinish: %w", err)
+	}
+	if q.workFinishManyStmt, err = db.PrepareContext(ctx, workFinishMany); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkFinishMany: %w", err)
 	}
 	if q.workGetStmt, err = db.PrepareContext(ctx, workGet); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkGet: %w", err)
@@ -376,6 +385,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workBackoffDeleteStmt: %w", cerr)
 		}
 	}
+	if q.workBackoffDeleteManyStmt != nil {
+		if cerr := q.workBackoffDeleteManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffDeleteManyStmt: %w", cerr)
+		}
+	}
 	if q.workBackoffForMachineStmt != nil {
 		if cerr := q.workBackoffForMachineStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workBackoffForMachineStmt: %w", cerr)
@@ -396,9 +410,9 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workBackoffUpsertStmt: %w", cerr)
 		}
 	}
-	if q.workClaimStmt != nil {
-		if cerr := q.workClaimStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workClaimStmt: %w", cerr)
+	if q.workClaimManyStmt != nil {
+		if cerr := q.workClaimManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workClaimManyStmt: %w", cerr)
 		}
 	}
 	if q.workClaimStateStmt != nil {
@@ -414,6 +428,16 @@ func (q *Queries) Close() error {
 	if q.workEndSessionStmt != nil {
 		if cerr := q.workEndSessionStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workEndSessionStmt: %w", cerr)
+		}
+	}
+	if q.workFinishStmt != nil {
+		if cerr := q.workFinishStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workFinishStmt: %w", cerr)
+		}
+	}
+	if q.workFinishManyStmt != nil {
+		if cerr := q.workFinishManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workFinishManyStmt: %w", cerr)
 		}
 	}
 	if q.workGetStmt != nil {
@@ -537,14 +561,17 @@ type Queries struct {
 	workAbandonExpiredStmt            *sql.Stmt
 	workAbandonOfExpiredSessionsStmt  *sql.Stmt
 	workBackoffDeleteStmt             *sql.Stmt
+	workBackoffDeleteManyStmt         *sql.Stmt
 	workBackoffForMachineStmt         *sql.Stmt
 	workBackoffGetStmt                *sql.Stmt
 	workBackoffIntervalStmt           *sql.Stmt
 	workBackoffUpsertStmt             *sql.Stmt
-	workClaimStmt                     *sql.Stmt
+	workClaimManyStmt                 *sql.Stmt
 	workClaimStateStmt                *sql.Stmt
 	workEndStmt                       *sql.Stmt
 	workEndSessionStmt                *sql.Stmt
+	workFinishStmt                    *sql.Stmt
+	workFinishManyStmt                *sql.Stmt
 	workGetStmt                       *sql.Stmt
 	workHistoryForMachineStmt         *sql.Stmt
 	workHistoryForProcessSinceStmt    *sql.Stmt
@@ -597,14 +624,17 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workAbandonExpiredStmt:            q.workAbandonExpiredStmt,
 		workAbandonOfExpiredSessionsStmt:  q.workAbandonOfExpiredSessionsStmt,
 		workBackoffDeleteStmt:             q.workBackoffDeleteStmt,
+		workBackoffDeleteManyStmt:         q.workBackoffDeleteManyStmt,
 		workBackoffForMachineStmt:         q.workBackoffForMachineStmt,
 		workBackoffGetStmt:                q.workBackoffGetStmt,
 		workBackoffIntervalStmt:           q.workBackoffIntervalStmt,
 		workBackoffUpsertStmt:             q.workBackoffUpsertStmt,
-		workClaimStmt:                     q.workClaimStmt,
+		workClaimManyStmt:                 q.workClaimManyStmt,
 		workClaimStateStmt:                q.workClaimStateStmt,
 		workEndStmt:                       q.workEndStmt,
 		workEndSessionStmt:                q.workEndSessionStmt,
+		workFinishStmt:                    q.workFinishStmt,
+		workFinishManyStmt:                q.workFinishManyStmt,
 		workGetStmt:                       q.workGetStmt,
 		workHistoryForMachineStmt:         q.workHistoryForMachineStmt,
 		workHistoryForProcessSinceStmt:    q.workHistoryForProcessSinceStmt,

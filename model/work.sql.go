@@ -10,6 +10,7 @@ import (
 	"database/sql"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
 
 const workAbandonExpired = `-- name: WorkAbandonExpired :execrows
@@ -87,13 +88,14 @@ func (q *Queries) WorkAbandonOfExpiredSessions(ctx context.Context, graceSeconds
 	return items, nil
 }
 
-const workClaim = `-- name: WorkClaim :execrows
+const workClaimMany = `-- name: WorkClaimMany :many
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
-    SELECT $2::UUID, $3::TEXT, $4::UUID
+    SELECT c.machine_id, $2::TEXT, $3::UUID
+    FROM unnest($4::UUID[]) AS c (machine_id)
     WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = $2::UUID AND b.process = $3::TEXT
+        WHERE b.machine_id = c.machine_id AND b.process = $2::TEXT
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
@@ -103,32 +105,49 @@ INSERT INTO work_history (machine_id, process, session_id, event, at, component_
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
        $1::TEXT
 FROM claim
+RETURNING work_history.machine_id
 `
 
-type WorkClaimParams struct {
-	ComponentName string    `json:"component_name"`
-	MachineID     uuid.UUID `json:"machine_id"`
-	Process       string    `json:"process"`
-	SessionID     uuid.UUID `json:"session_id"`
+type WorkClaimManyParams struct {
+	ComponentName string      `json:"component_name"`
+	Process       string      `json:"process"`
+	SessionID     uuid.UUID   `json:"session_id"`
+	MachineIds    []uuid.UUID `json:"machine_ids"`
 }
 
-// WorkClaim claims (machine, process) for a session unless it is in backoff
-// or already claimed, recording Started; it affects no row then. It reads no
-// work row (the unique index decides), so on PostgreSQL an uncontended claim
-// takes no SERIALIZABLE read lock on the small, hot work index, and
-// concurrent claims of different machines do not conflict through it. A
-// concurrent claim of the same machine fails one of them with 40001.
-func (q *Queries) WorkClaim(ctx context.Context, arg WorkClaimParams) (int64, error) {
-	result, err := q.exec(ctx, q.workClaimStmt, workClaim,
+// WorkClaimMany claims, in one statement, each of machine_ids that is
+// neither claimed for process nor in backoff for it, records Started for
+// each, and returns the claimed ids. It reads no work row (the unique index
+// decides), so on PostgreSQL an uncontended claim takes no SERIALIZABLE read
+// lock on the small, hot work index, and concurrent claims of different
+// machines do not conflict through it. A concurrent claim of the same
+// machine fails one of them with 40001.
+func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]uuid.UUID, error) {
+	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
 		arg.ComponentName,
-		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
+		pq.Array(arg.MachineIds),
 	)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected()
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var machine_id uuid.UUID
+		if err := rows.Scan(&machine_id); err != nil {
+			return nil, err
+		}
+		items = append(items, machine_id)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workClaimState = `-- name: WorkClaimState :one
@@ -246,6 +265,97 @@ func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) 
 			return nil, err
 		}
 		items = append(items, process)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workFinish = `-- name: WorkFinish :execrows
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.machine_id = $2 AND work.process = $3
+      AND work.session_id = $4
+    RETURNING work.machine_id, work.process, work.session_id
+), cleared AS (
+    DELETE FROM work_backoff
+    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
+      AND work_backoff.process = $3
+    RETURNING work_backoff.machine_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT
+FROM ended
+`
+
+type WorkFinishParams struct {
+	ComponentName string    `json:"component_name"`
+	MachineID     uuid.UUID `json:"machine_id"`
+	Process       string    `json:"process"`
+	SessionID     uuid.UUID `json:"session_id"`
+}
+
+// WorkFinish is WorkEnd for a successful end, in one statement: it removes
+// the claim only if the session holds it, clears its backoff, and records
+// Finished. It affects no row when the claim is gone or was taken over.
+func (q *Queries) WorkFinish(ctx context.Context, arg WorkFinishParams) (int64, error) {
+	result, err := q.exec(ctx, q.workFinishStmt, workFinish,
+		arg.ComponentName,
+		arg.MachineID,
+		arg.Process,
+		arg.SessionID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
+}
+
+const workFinishMany = `-- name: WorkFinishMany :many
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.process = $2::TEXT AND work.session_id = $3::UUID
+      AND work.machine_id = ANY ($4::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT
+FROM ended
+RETURNING work_history.machine_id
+`
+
+type WorkFinishManyParams struct {
+	ComponentName string      `json:"component_name"`
+	Process       string      `json:"process"`
+	SessionID     uuid.UUID   `json:"session_id"`
+	MachineIds    []uuid.UUID `json:"machine_ids"`
+}
+
+// WorkFinishMany ends, as Finished, the claims of process on machine_ids
+// that the session holds, and returns their machine ids: those missing were
+// no longer held (the fence of FinishAll).
+func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.UUID, error) {
+	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
+		arg.ComponentName,
+		arg.Process,
+		arg.SessionID,
+		pq.Array(arg.MachineIds),
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var machine_id uuid.UUID
+		if err := rows.Scan(&machine_id); err != nil {
+			return nil, err
+		}
+		items = append(items, machine_id)
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err

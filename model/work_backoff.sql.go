@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
 
 const workBackoffDelete = `-- name: WorkBackoffDelete :execrows
@@ -29,6 +30,22 @@ func (q *Queries) WorkBackoffDelete(ctx context.Context, arg WorkBackoffDeletePa
 		return 0, err
 	}
 	return result.RowsAffected()
+}
+
+const workBackoffDeleteMany = `-- name: WorkBackoffDeleteMany :exec
+DELETE FROM work_backoff
+WHERE process = $1::TEXT AND machine_id = ANY ($2::UUID[])
+`
+
+type WorkBackoffDeleteManyParams struct {
+	Process    string      `json:"process"`
+	MachineIds []uuid.UUID `json:"machine_ids"`
+}
+
+// WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
+func (q *Queries) WorkBackoffDeleteMany(ctx context.Context, arg WorkBackoffDeleteManyParams) error {
+	_, err := q.exec(ctx, q.workBackoffDeleteManyStmt, workBackoffDeleteMany, arg.Process, pq.Array(arg.MachineIds))
+	return err
 }
 
 const workBackoffForMachine = `-- name: WorkBackoffForMachine :many

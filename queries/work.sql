@@ -110,19 +110,21 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 SELECT * FROM work WHERE session_id = sqlc.arg(session_id)
 ORDER BY started_at, machine_id, process;
 
--- name: WorkClaim :execrows
--- WorkClaim claims (machine, process) for a session unless it is in backoff
--- or already claimed, recording Started; it affects no row then. It reads no
--- work row (the unique index decides), so on PostgreSQL an uncontended claim
--- takes no SERIALIZABLE read lock on the small, hot work index, and
--- concurrent claims of different machines do not conflict through it. A
--- concurrent claim of the same machine fails one of them with 40001.
+-- name: WorkClaimMany :many
+-- WorkClaimMany claims, in one statement, each of machine_ids that is
+-- neither claimed for process nor in backoff for it, records Started for
+-- each, and returns the claimed ids. It reads no work row (the unique index
+-- decides), so on PostgreSQL an uncontended claim takes no SERIALIZABLE read
+-- lock on the small, hot work index, and concurrent claims of different
+-- machines do not conflict through it. A concurrent claim of the same
+-- machine fails one of them with 40001.
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
-    SELECT sqlc.arg(machine_id)::UUID, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID
+    SELECT c.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID
+    FROM unnest(sqlc.arg(machine_ids)::UUID[]) AS c (machine_id)
     WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = sqlc.arg(machine_id)::UUID AND b.process = sqlc.arg(process)::TEXT
+        WHERE b.machine_id = c.machine_id AND b.process = sqlc.arg(process)::TEXT
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
@@ -131,4 +133,39 @@ WITH claim AS (
 INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
        sqlc.arg(component_name)::TEXT
-FROM claim;
+FROM claim
+RETURNING work_history.machine_id;
+
+-- name: WorkFinishMany :many
+-- WorkFinishMany ends, as Finished, the claims of process on machine_ids
+-- that the session holds, and returns their machine ids: those missing were
+-- no longer held (the fence of FinishAll).
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
+      AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT
+FROM ended
+RETURNING work_history.machine_id;
+
+-- name: WorkFinish :execrows
+-- WorkFinish is WorkEnd for a successful end, in one statement: it removes
+-- the claim only if the session holds it, clears its backoff, and records
+-- Finished. It affects no row when the claim is gone or was taken over.
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
+      AND work.session_id = sqlc.arg(session_id)
+    RETURNING work.machine_id, work.process, work.session_id
+), cleared AS (
+    DELETE FROM work_backoff
+    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
+      AND work_backoff.process = sqlc.arg(process)
+    RETURNING work_backoff.machine_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT
+FROM ended;

@@ -37,3 +37,8 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
 FROM work_backoff WHERE machine_id = sqlc.arg(machine_id)
 ORDER BY process;
+
+-- name: WorkBackoffDeleteMany :exec
+-- WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
+DELETE FROM work_backoff
+WHERE process = sqlc.arg(process)::TEXT AND machine_id = ANY (sqlc.arg(machine_ids)::UUID[]);
