@@ -43,7 +43,7 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds of the throughput table, interleaving floor, bmdb and River; the median is reported")
 	flag.StringVar(&pk, "pick", string(pickShuffle), "how bmdb workers choose among candidates: first, shuffle or offset")
 	flag.IntVar(&c.candidates, "candidates", 16, "candidates per retrieval (and the offset range of -pick offset)")
-	flag.IntVar(&c.batch, "batch", 16, "machines per WorkBatch/FinishAll transaction in the bmdb batch column (1: no batch column)")
+	flag.IntVar(&c.batch, "batch", 32, "machines per WorkBatch/FinishAll transaction in the bmdb batch column (1: no batch column)")
 	flag.StringVar(&scale, "scale", "10000,1000000", "machine counts of the scale run")
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")

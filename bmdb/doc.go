@@ -34,6 +34,13 @@
 // callback may therefore run several times; it must touch nothing outside
 // the database and wrap errors with %w.
 //
+// Claims scale by batches. On PostgreSQL, SERIALIZABLE tracks reads of the
+// small, hot work index per page, so concurrent claim transactions abort
+// each other whatever machines they touch; a Connection therefore runs its
+// claim transactions one at a time (Config.ClaimConcurrency, ends of claims
+// first), and Session.WorkBatch and Session.FinishAll claim and finish many
+// machines per transaction.
+//
 // Failures back off. Work.Fail records the cause and, given a Backoff, keeps
 // the (machine, process) from being claimed until an exponentially growing
 // interval has passed on the database clock; Work refuses machines in
