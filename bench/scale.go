@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/lib/pq"
+
 	"github.com/bmdb-dev/bmdb/bmdb"
 )
 
@@ -23,25 +25,41 @@ INSERT INTO work (machine_id, process, session_id)
 SELECT machine_id, $1, $2 FROM bench_pending WHERE seq % 100 = 7`
 )
 
-// The statements of a claim, for EXPLAIN: bmdb's SessionCheck,
-// WorkClaimState and WorkStart, copied from queries/sessions.sql and
+// The statements of a claim, for EXPLAIN: bmdb's SessionCheck and
+// WorkClaimMany (the claim; WorkClaimState runs only when it claims nothing)
+// and Finish's WorkFinish, copied from queries/sessions.sql and
 // queries/work.sql (keep in sync), and the bench's retrieveSQL.
 const (
 	sessionCheckSQL = `SELECT session_id FROM sessions WHERE session_id = $1 AND deadline > now()`
-	claimStateSQL   = `
-SELECT
-    EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = $1) AS machine_exists,
-    EXISTS (SELECT 1 FROM work_backoff b WHERE b.machine_id = $1 AND b.process = $2 AND b.until > now()) AS in_backoff,
-    EXISTS (SELECT 1 FROM work w WHERE w.machine_id = $1 AND w.process = $2) AS claimed,
-    EXISTS (SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
-            WHERE w.machine_id = $1 AND w.process = $2 AND s.deadline > now()) AS claimed_live`
-	workStartSQL = `
+	workClaimSQL    = `
 WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id) VALUES ($1, $2, $3)
+    INSERT INTO work (machine_id, process, session_id)
+    SELECT c.machine_id, $2::TEXT, $3::UUID
+    FROM unnest($1::UUID[]) AS c (machine_id)
+    WHERE NOT EXISTS (
+        SELECT 1 FROM work_backoff b
+        WHERE b.machine_id = c.machine_id AND b.process = $2::TEXT AND b.until > now()
+    )
+    ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at FROM claim`
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at, 'bench'
+FROM claim
+RETURNING work_history.machine_id`
+	workFinishSQL = `
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.machine_id = $1 AND work.process = $2 AND work.session_id = $3
+    RETURNING work.machine_id, work.process, work.session_id
+), cleared AS (
+    DELETE FROM work_backoff
+    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended) AND work_backoff.process = $2
+    RETURNING work_backoff.machine_id
+)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', 'bench'
+FROM ended`
 )
 
 // scaleResult is the claim latency and plans at one table size.
@@ -132,9 +150,11 @@ func explainClaim(ctx context.Context, db *sql.DB, process, session string) ([]p
 	}{
 		{"SessionCheck", func() (*sql.Rows, error) { return tx.QueryContext(ctx, explainPrefix+sessionCheckSQL, session) }},
 		{"retrieve", func() (*sql.Rows, error) { return tx.QueryContext(ctx, explainPrefix+retrieveSQL, process, 16, 0) }},
-		{"WorkClaimState", func() (*sql.Rows, error) { return tx.QueryContext(ctx, explainPrefix+claimStateSQL, machine, process) }},
-		{"WorkStart", func() (*sql.Rows, error) {
-			return tx.QueryContext(ctx, explainPrefix+workStartSQL, machine, process, session)
+		{"WorkClaimMany", func() (*sql.Rows, error) {
+			return tx.QueryContext(ctx, explainPrefix+workClaimSQL, pq.Array([]string{machine}), process, session)
+		}},
+		{"WorkFinish", func() (*sql.Rows, error) {
+			return tx.QueryContext(ctx, explainPrefix+workFinishSQL, machine, process, session)
 		}},
 	}
 	var plans []plan
