@@ -68,8 +68,9 @@ var (
 	ErrAmbiguousCommit = errors.New("bmdb: commit outcome unknown: connection failed during COMMIT")
 
 	// ErrSchemaTooNew means the database schema is at a migration version
-	// this binary does not know: a newer binary migrated it. It is wrapped by
-	// *SchemaVersionError.
+	// this binary does not know, migrated by a newer binary, and not every
+	// newer migration declared this binary compatible (see migration
+	// 000006). It is wrapped by *SchemaVersionError.
 	ErrSchemaTooNew = errors.New("bmdb: database schema is newer than this binary")
 
 	// ErrSchemaTooOld means the database schema is older than this binary
@@ -107,13 +108,18 @@ type SchemaVersionError struct {
 	Database uint // the version recorded in the database (0: none)
 	Binary   uint // the newest version embedded in this binary
 	Dirty    bool
+	Reason   string // why a newer schema is not compatible, if known
 }
 
 func (e *SchemaVersionError) Error() string {
 	if e.Dirty {
 		return fmt.Sprintf("%v: version %d is marked dirty (a migration failed half-way); repair it and force the version with golang-migrate", e.Err, e.Database)
 	}
-	return fmt.Sprintf("%v: database at version %d, binary knows up to %d", e.Err, e.Database, e.Binary)
+	msg := fmt.Sprintf("%v: database at version %d, binary knows up to %d", e.Err, e.Database, e.Binary)
+	if e.Reason != "" {
+		msg += " (" + e.Reason + ")"
+	}
+	return msg
 }
 
 // Unwrap returns Err.

@@ -16,6 +16,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/migrations"
+	"github.com/bmdb-dev/bmdb/model"
 )
 
 // migrator wraps golang-migrate over the embedded migrations and one
@@ -161,16 +162,46 @@ func (mg *migrator) close() {
 }
 
 // migrateOnOpen migrates the schema up (apply) or checks that it is current.
+// A schema newer than the binary is accepted if every newer migration
+// declared, in bmdb_schema_compat, that this binary's version still works
+// with it (a rolling upgrade); otherwise it is refused.
 func migrateOnOpen(ctx context.Context, db *sql.DB, dsn string, eng engine, apply bool) error {
 	mg, err := newMigrator(ctx, db, dsn, eng)
 	if err != nil {
 		return err
 	}
 	defer mg.close()
+	v, dirty, err := mg.version()
+	if err != nil {
+		return err
+	}
+	if !dirty && v > mg.latest {
+		return checkNewerSchema(ctx, db, v, mg.latest)
+	}
 	if apply {
 		return mg.up()
 	}
 	return mg.check()
+}
+
+// checkNewerSchema accepts a database at version v > latest if each
+// migration in (latest, v] declared latest's binaries compatible.
+func checkNewerSchema(ctx context.Context, db *sql.DB, v, latest uint) error {
+	tooNew := &SchemaVersionError{Err: ErrSchemaTooNew, Database: v, Binary: latest}
+	row, err := model.New(db).SchemaCompatOldest(ctx, int64(latest))
+	switch {
+	case err != nil:
+		tooNew.Reason = fmt.Sprintf("reading bmdb_schema_compat: %v", err)
+		return tooNew
+	case row.Declared != int64(v-latest):
+		tooNew.Reason = fmt.Sprintf("only %d of the %d newer migrations declare their compatibility", row.Declared, v-latest)
+		return tooNew
+	case row.OldestCompatible > int64(latest):
+		tooNew.Reason = fmt.Sprintf("a newer migration needs binaries of version %d or later", row.OldestCompatible)
+		return tooNew
+	}
+	klog.Infof("bmdb: database schema at version %d, newer than this binary's %d; the newer migrations keep version %d working", v, latest, latest)
+	return nil
 }
 
 // migrateLogger sends golang-migrate's log to klog.

@@ -139,3 +139,65 @@ func TestOpenMigratesConcurrently(t *testing.T) {
 		}
 	}
 }
+
+// Rolling upgrade: a binary opens a schema newer than it knows when every
+// newer migration declares it compatible, and refuses it otherwise.
+func TestOpenNewerSchemaByCompatibility(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		newest int // versions past the binary's
+		ok     bool
+	}{
+		{"additive migration", 1, true},
+		{"two additive migrations", 2, true},
+		{"breaking migration", 1, false},
+		{"undeclared migration", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			dsn := testdb.New(t)
+			db := openRaw(t, dsn)
+			info, err := ReadSchemaInfo(context.Background(), dsn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			latest := int(info.Binary)
+			v := latest + tc.newest
+			switch tc.name {
+			case "additive migration":
+				_, err = db.Exec("INSERT INTO bmdb_schema_compat VALUES ($1, 1)", latest+1)
+			case "two additive migrations":
+				_, err = db.Exec("INSERT INTO bmdb_schema_compat VALUES ($1, 1), ($2, 2)", latest+1, latest+2)
+			case "breaking migration":
+				_, err = db.Exec("INSERT INTO bmdb_schema_compat VALUES ($1, $1)", latest+1)
+			case "undeclared migration":
+				_, err = db.Exec("INSERT INTO bmdb_schema_compat VALUES ($1, 1)", latest+1)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := db.Exec("UPDATE schema_migrations SET version = $1", v); err != nil {
+				t.Fatal(err)
+			}
+			for _, skip := range []bool{false, true} {
+				c, err := Open(context.Background(), Config{DSN: dsn, ComponentName: "old-binary", SkipMigrations: skip})
+				if tc.ok {
+					if err != nil {
+						t.Fatalf("Open (SkipMigrations %v) = %v, want it to accept a compatible newer schema", skip, err)
+					}
+					c.Close()
+					continue
+				}
+				var verr *SchemaVersionError
+				if !errors.Is(err, ErrSchemaTooNew) || !errors.As(err, &verr) || verr.Reason == "" {
+					t.Fatalf("Open (SkipMigrations %v) = %v, want ErrSchemaTooNew with a reason", skip, err)
+				}
+				t.Log(err)
+			}
+			if info, _ := ReadSchemaInfo(context.Background(), dsn); int(info.Database) != v {
+				t.Errorf("Open changed the schema version to %d", info.Database)
+			}
+		})
+	}
+}

@@ -3,8 +3,7 @@
 -- records that a stage is done for a machine; retrieval queries join them.
 --
 -- Compatibility: additive (new tables only). Binaries built for 000001 keep
--- working against this schema; they refuse it only because Open checks
--- versions strictly.
+-- working against this schema (recorded in bmdb_schema_compat by 000006).
 
 CREATE TABLE machine_provided (
     machine_id UUID PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,

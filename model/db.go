@@ -108,6 +108,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.readableHistoryRecentFailuresStmt, err = db.PrepareContext(ctx, readableHistoryRecentFailures); err != nil {
 		return nil, fmt.Errorf("error preparing query ReadableHistoryRecentFailures: %w", err)
 	}
+	if q.schemaCompatOldestStmt, err = db.PrepareContext(ctx, schemaCompatOldest); err != nil {
+		return nil, fmt.Errorf("error preparing query SchemaCompatOldest: %w", err)
+	}
 	if q.sessionCheckStmt, err = db.PrepareContext(ctx, sessionCheck); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionCheck: %w", err)
 	}
@@ -340,6 +343,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing readableHistoryRecentFailuresStmt: %w", cerr)
 		}
 	}
+	if q.schemaCompatOldestStmt != nil {
+		if cerr := q.schemaCompatOldestStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing schemaCompatOldestStmt: %w", cerr)
+		}
+	}
 	if q.sessionCheckStmt != nil {
 		if cerr := q.sessionCheckStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing sessionCheckStmt: %w", cerr)
@@ -552,6 +560,7 @@ type Queries struct {
 	readableHistoryForMachinePageStmt *sql.Stmt
 	readableHistoryForSessionStmt     *sql.Stmt
 	readableHistoryRecentFailuresStmt *sql.Stmt
+	schemaCompatOldestStmt            *sql.Stmt
 	sessionCheckStmt                  *sql.Stmt
 	sessionDeleteStmt                 *sql.Stmt
 	sessionDeleteExpiredStmt          *sql.Stmt
@@ -615,6 +624,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		readableHistoryForMachinePageStmt: q.readableHistoryForMachinePageStmt,
 		readableHistoryForSessionStmt:     q.readableHistoryForSessionStmt,
 		readableHistoryRecentFailuresStmt: q.readableHistoryRecentFailuresStmt,
+		schemaCompatOldestStmt:            q.schemaCompatOldestStmt,
 		sessionCheckStmt:                  q.sessionCheckStmt,
 		sessionDeleteStmt:                 q.sessionDeleteStmt,
 		sessionDeleteExpiredStmt:          q.sessionDeleteExpiredStmt,

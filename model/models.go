@@ -68,6 +68,11 @@ type ActiveBackoff struct {
 	SecondsLeft     float64   `json:"seconds_left"`
 }
 
+type BmdbSchemaCompat struct {
+	Version          int64 `json:"version"`
+	OldestCompatible int64 `json:"oldest_compatible"`
+}
+
 type CurrentWork struct {
 	MachineID     uuid.UUID `json:"machine_id"`
 	Process       string    `json:"process"`

@@ -1,0 +1,8 @@
+-- name: SchemaCompatOldest :one
+-- SchemaCompatOldest returns the oldest schema version whose binaries still
+-- work with every migration newer than known_version, and how many such
+-- migrations declared it (fewer than the versions between means some did
+-- not: treat them as breaking).
+SELECT COALESCE(max(oldest_compatible), 0)::INT8 AS oldest_compatible, count(*)::INT8 AS declared
+FROM bmdb_schema_compat
+WHERE version > sqlc.arg(known_version)::INT8;
