@@ -148,16 +148,10 @@ func (e *env) count(query string, args ...any) int {
 	return n
 }
 
-// eventually polls cond every 10ms until it holds or timeout passes.
+// eventually is testdb.Eventually.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testdb.Eventually(t, timeout, what, cond)
 }
 
 // waitDone waits for the session to end, failing after timeout.

@@ -15,19 +15,12 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
-func TestMain(m *testing.M) {
-	testdb.Main(m, func(ctx context.Context, dsn string) error {
-		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
-}
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
 // fleet is seeded data: 120 machines, of which busy is claimed by a live
 // os-installer session for install-os, failed is in backoff for install-os,

@@ -15,19 +15,12 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
-func TestMain(m *testing.M) {
-	testdb.Main(m, func(ctx context.Context, dsn string) error {
-		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
-}
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
 const process = "install"
 
@@ -164,15 +157,10 @@ func (e *env) history() map[uuid.UUID][]string {
 	return out
 }
 
+// eventually is testdb.Eventually.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testdb.Eventually(t, timeout, what, cond)
 }
 
 func TestLoopProcessesEveryMachineOnce(t *testing.T) {

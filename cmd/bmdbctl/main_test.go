@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
@@ -34,13 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	defer os.RemoveAll(dir)
-	testdb.Main(m, func(ctx context.Context, dsn string) error {
-		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
+	testdb.Main(m, bmdbtest.Migrate)
 }
 
 // ctl runs the binary with BMDB_DSN=dsn and returns stdout, stderr and the

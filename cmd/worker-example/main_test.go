@@ -7,18 +7,11 @@ import (
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
-func TestMain(m *testing.M) {
-	testdb.Main(m, func(ctx context.Context, dsn string) error {
-		c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	})
-}
+func TestMain(m *testing.M) { bmdbtest.Main(m) }
 
 // The pipeline takes every seeded machine through every stage exactly once,
 // failures and backoff included.

@@ -212,3 +212,16 @@ func cleanUp() {
 	}
 	admin.Close()
 }
+
+// Eventually polls cond every 10ms until it holds, failing t after timeout
+// with what it waited for.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

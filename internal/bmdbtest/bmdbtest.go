@@ -1,0 +1,25 @@
+// Package bmdbtest holds the test set-up of packages that use bmdb (testdb
+// cannot import bmdb, whose own tests use testdb).
+package bmdbtest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// Main runs a package's tests (call it from TestMain) with databases that
+// bmdb.Open migrated; see testdb.Main.
+func Main(m *testing.M) { testdb.Main(m, Migrate) }
+
+// Migrate brings the database at dsn to bmdb's schema the way components
+// do: by opening it.
+func Migrate(ctx context.Context, dsn string) error {
+	c, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "testdb"})
+	if err != nil {
+		return err
+	}
+	return c.Close()
+}
