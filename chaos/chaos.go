@@ -34,6 +34,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -112,9 +113,22 @@ type harness struct {
 	cluster        *Cluster
 	db             *sql.DB // the harness's own connections, not through proxies
 	fleet          *fleet
-	faults         []Fault
+	faults         []Fault // appended by the injecting goroutine only
+	faultCount     atomic.Int64
 	partitionModes map[string]int
 	stuck          map[uuid.UUID]string // items not done at the end of the drain, and their claim then
+}
+
+// lockedWriter serialises writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // Run runs the harness and returns its report. An error means the harness
@@ -123,6 +137,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Out == nil {
 		cfg.Out = io.Discard
 	}
+	cfg.Out = &lockedWriter{w: cfg.Out} // the injector and the loader both print
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -331,7 +346,7 @@ func (h *harness) keepLoaded(ctx context.Context) {
 		}
 		if time.Since(lastPrint) >= 5*time.Second {
 			lastPrint = time.Now()
-			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs %d of %d items done, %d faults\n", time.Since(h.began).Seconds(), done, total, len(h.faults))
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs %d of %d items done, %d faults\n", time.Since(h.began).Seconds(), done, total, h.faultCount.Load())
 		}
 	}
 }

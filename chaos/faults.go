@@ -128,6 +128,7 @@ func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 		return err
 	}
 	h.faults = append(h.faults, f)
+	h.faultCount.Add(1)
 	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs fault %-10s %-9s %s\n", time.Since(h.began).Seconds(), kind, target, f.Detail)
 	return nil
 }
