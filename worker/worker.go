@@ -65,8 +65,14 @@ type Config struct {
 	Concurrency int
 	// Candidates is the limit passed to Retrieve. The loop tries the
 	// candidates in random order, so that concurrent claimers spread over
-	// them. Defaults to CandidatesDefault.
+	// them. Defaults to CandidatesDefault, or 2*Batch if that is more.
 	Candidates int
+	// Batch is how many machines a claimer claims per transaction
+	// (Session.WorkBatch). It processes them one after another and finishes
+	// those that succeeded together (Session.FinishAll), which is how claims
+	// scale on PostgreSQL; failures and cancellations end one by one.
+	// Defaults to 1 (Session.Work).
+	Batch int
 	// Backoff is applied to a machine whose Work failed. Defaults to
 	// BackoffDefault.
 	Backoff bmdb.Backoff
@@ -89,8 +95,11 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency == 0 {
 		c.Concurrency = ConcurrencyDefault
 	}
+	if c.Batch == 0 {
+		c.Batch = 1
+	}
 	if c.Candidates == 0 {
-		c.Candidates = CandidatesDefault
+		c.Candidates = max(CandidatesDefault, 2*c.Batch)
 	}
 	if c.Backoff == (bmdb.Backoff{}) {
 		c.Backoff = BackoffDefault
@@ -121,6 +130,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: worker.Config.Work is nil", bmdb.ErrInvalidArgument)
 	case c.Concurrency < 1:
 		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be positive", bmdb.ErrInvalidArgument, c.Concurrency)
+	case c.Batch < 1 || c.Batch > bmdb.MaxBatch:
+		return fmt.Errorf("%w: worker.Config.Batch is %d, must be in [1, %d]", bmdb.ErrInvalidArgument, c.Batch, bmdb.MaxBatch)
 	case c.Candidates < 1 || c.Candidates > 1<<20:
 		return fmt.Errorf("%w: worker.Config.Candidates is %d, must be in [1, 2^20]", bmdb.ErrInvalidArgument, c.Candidates)
 	case c.PollMin <= 0 || c.PollMax < c.PollMin:
@@ -253,7 +264,7 @@ var errShutdown = errors.New("worker: shutdown grace period over")
 func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session) {
 	poll := l.cfg.PollMin
 	for claimCtx.Err() == nil {
-		w, err := l.claim(claimCtx, sess)
+		works, err := l.claim(claimCtx, sess)
 		if err != nil {
 			if claimCtx.Err() != nil {
 				return
@@ -266,30 +277,78 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session) {
 			continue
 		}
 		poll = l.cfg.PollMin
-		l.process(workCtx, w)
+		l.process(workCtx, sess, works)
 	}
 }
 
-// claim runs one Work call with shuffled candidates.
-func (l *Loop) claim(ctx context.Context, sess *bmdb.Session) (*bmdb.Work, error) {
+// claim runs one Work (or WorkBatch) call with shuffled candidates.
+func (l *Loop) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, error) {
 	l.polls.Add(1)
-	w, err := sess.Work(ctx, l.cfg.Process, func(tx *bmdb.Tx) ([]uuid.UUID, error) {
+	retrieve := func(tx *bmdb.Tx) ([]uuid.UUID, error) {
 		ids, err := l.cfg.Retrieve(ctx, tx, int32(l.cfg.Candidates))
 		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		return ids, err
-	})
+	}
+	works, err := sess.WorkBatch(ctx, l.cfg.Process, l.cfg.Batch, retrieve)
 	switch {
 	case err == nil:
-		l.claimed.Add(1)
+		l.claimed.Add(int64(len(works)))
 	case errors.Is(err, bmdb.ErrWorkConflict):
 		l.conflicts.Add(1)
 	}
-	return w, err
+	return works, err
 }
 
-// process runs Config.Work on w and ends the claim.
-func (l *Loop) process(workCtx context.Context, w *bmdb.Work) {
-	commit, err := l.cfg.Work(workCtx, w)
+// process runs Config.Work on each claimed machine, in turn, and ends the
+// claims: with several, those that succeeded together (FinishAll).
+func (l *Loop) process(workCtx context.Context, sess *bmdb.Session, works []*bmdb.Work) {
+	type success struct {
+		w      *bmdb.Work
+		commit func(*bmdb.Tx) error
+	}
+	var succeeded []success
+	for _, w := range works {
+		commit, err := l.cfg.Work(workCtx, w)
+		if err != nil || len(works) == 1 || sess.Context().Err() != nil {
+			l.settle(workCtx, w, commit, err)
+			continue
+		}
+		succeeded = append(succeeded, success{w, commit})
+	}
+	if len(succeeded) == 0 {
+		return
+	}
+	batch := make([]*bmdb.Work, len(succeeded))
+	for i, s := range succeeded {
+		batch[i] = s.w
+	}
+	err := l.ending(workCtx, func(ctx context.Context) error {
+		return sess.FinishAll(ctx, batch, func(tx *bmdb.Tx, _ []*bmdb.Work) error {
+			for _, s := range succeeded {
+				if s.commit == nil {
+					continue
+				}
+				if err := s.commit(tx); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	if err == nil {
+		l.finished.Add(int64(len(succeeded)))
+		return
+	}
+	// One claim lost, one commit failing, or the database away: end them
+	// one by one, each as it can.
+	klog.Warningf("worker %s: finishing %d machines together: %v; finishing them one by one", l.cfg.Process, len(succeeded), err)
+	for _, s := range succeeded {
+		l.settle(workCtx, s.w, s.commit, nil)
+	}
+}
+
+// settle ends one claim after Config.Work returned commit and err.
+func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.Tx) error, err error) {
 	sessCtx := w.Session().Context()
 	if sessCtx.Err() != nil {
 		// The claim went with the session: nothing can end it now.
@@ -373,9 +432,11 @@ func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 	}
 }
 
-// lost reports whether err says the claim is gone.
+// lost reports whether err says the claim is gone (or already ended, by a
+// FinishAll that found it lost).
 func lost(err error) bool {
-	return errors.Is(err, bmdb.ErrWorkLost) || errors.Is(err, bmdb.ErrSessionExpired) || errors.Is(err, bmdb.ErrSessionClosed)
+	return errors.Is(err, bmdb.ErrWorkLost) || errors.Is(err, bmdb.ErrSessionExpired) ||
+		errors.Is(err, bmdb.ErrSessionClosed) || errors.Is(err, bmdb.ErrWorkDone)
 }
 
 // sleep waits for d or until ctx is done.

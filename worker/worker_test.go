@@ -475,3 +475,54 @@ func TestLoopFinishesWorkThatSucceedsLate(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 }
+
+// With Batch, claimers claim several machines per transaction and finish
+// the successful ones together; a failure, and a commit that fails inside
+// the batch, still end one by one.
+func TestLoopBatches(t *testing.T) {
+	e := newEnv(t, 40)
+	var mu sync.Mutex
+	attempts := map[uuid.UUID]int{}
+	var badCommit uuid.UUID // the first machine whose commit fails once
+	l, stop := e.start(Config{
+		Concurrency: 2,
+		Batch:       8,
+		PollMin:     10 * time.Millisecond,
+		PollMax:     50 * time.Millisecond,
+		Backoff:     bmdb.Backoff{Initial: 50 * time.Millisecond, Maximum: time.Second, Exponent: 2},
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			attempts[w.Machine()]++
+			n := attempts[w.Machine()]
+			switch {
+			case n == 1 && w.Machine()[0]%5 == 0:
+				return nil, errors.New("flaky BMC")
+			case n == 1 && badCommit == uuid.Nil:
+				badCommit = w.Machine()
+				return func(*bmdb.Tx) error { return errors.New("tag table refused it") }, nil
+			}
+			return markDone(w), nil
+		},
+	})
+	eventually(t, 30*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == 40 })
+	stop()
+	for m, events := range e.history() {
+		last := events[len(events)-1]
+		if !strings.HasPrefix(last, "Finished") || strings.Count(strings.Join(events, " "), "Finished") != 1 {
+			t.Errorf("machine %s: history %v", m, events)
+		}
+	}
+	st := l.Stats()
+	if st.Finished != 40 || st.Failed == 0 {
+		t.Errorf("stats %+v", st)
+	}
+	// Batches: the Started rows of one claim transaction share its now().
+	if n := e.count(`SELECT max(c) FROM (SELECT count(*) AS c FROM work_history
+		WHERE event = 'Started' GROUP BY session_id, at) AS per_transaction`); n < 2 || n > 8 {
+		t.Errorf("largest claim transaction claimed %d machines, want 2..8", n)
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed' AND failed_cause LIKE 'finish failed:%tag table refused it%'"); n != 1 {
+		t.Errorf("%d failures of the bad commit, want 1 (finished one by one after the batch failed)", n)
+	}
+}
