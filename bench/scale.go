@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/google/uuid"
 	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
@@ -41,24 +42,24 @@ WITH claim AS (
         WHERE b.machine_id = c.machine_id AND b.process = $2::TEXT AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
-    RETURNING machine_id, process, session_id, started_at
+    RETURNING machine_id, process, session_id, started_at, claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at, 'bench'
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at, 'bench', claim.claim_id
 FROM claim
-RETURNING work_history.machine_id`
+RETURNING work_history.machine_id, work_history.claim_id`
 	workFinishSQL = `
 WITH ended AS (
     DELETE FROM work
-    WHERE work.machine_id = $1 AND work.process = $2 AND work.session_id = $3
-    RETURNING work.machine_id, work.process, work.session_id
+    WHERE work.machine_id = $1 AND work.process = $2 AND work.session_id = $3 AND work.claim_id = $4
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), cleared AS (
     DELETE FROM work_backoff
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended) AND work_backoff.process = $2
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', 'bench'
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', 'bench', ended.claim_id
 FROM ended`
 )
 
@@ -154,7 +155,7 @@ func explainClaim(ctx context.Context, db *sql.DB, process, session string) ([]p
 			return tx.QueryContext(ctx, explainPrefix+workClaimSQL, pq.Array([]string{machine}), process, session)
 		}},
 		{"WorkFinish", func() (*sql.Rows, error) {
-			return tx.QueryContext(ctx, explainPrefix+workFinishSQL, machine, process, session)
+			return tx.QueryContext(ctx, explainPrefix+workFinishSQL, machine, process, session, uuid.NewString())
 		}},
 	}
 	var plans []plan

@@ -109,11 +109,12 @@ func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *
 // any.
 func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group []*Work) (*Work, error) {
 	ids := make([]uuid.UUID, len(group))
+	claimIDs := make([]uuid.UUID, len(group))
 	for i, w := range group {
-		ids[i] = w.machine
+		ids[i], claimIDs[i] = w.machine, w.claimID
 	}
 	ended, err := tx.q.WorkFinishMany(ctx, model.WorkFinishManyParams{
-		MachineIds: ids, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+		MachineIds: ids, ClaimIds: claimIDs, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("bmdb: FinishAll: ending %d claims of %q: %w", len(ids), process, err)

@@ -188,11 +188,15 @@ func migrateOnOpen(ctx context.Context, db *sql.DB, dsn string, eng engine, appl
 // migration in (latest, v] declared latest's binaries compatible.
 func checkNewerSchema(ctx context.Context, db *sql.DB, v, latest uint) error {
 	tooNew := &SchemaVersionError{Err: ErrSchemaTooNew, Database: v, Binary: latest}
-	row, err := model.New(db).SchemaCompatOldest(ctx, int64(latest))
+	row, err := model.New(db).SchemaCompatOldest(ctx, model.SchemaCompatOldestParams{
+		KnownVersion: int64(latest), DatabaseVersion: int64(v),
+	})
 	switch {
-	case err != nil:
-		tooNew.Reason = fmt.Sprintf("reading bmdb_schema_compat: %v", err)
+	case err != nil && sqlState(err) == "42P01": // no bmdb_schema_compat: nothing declared
+		tooNew.Reason = "the database records no compatibility (no bmdb_schema_compat)"
 		return tooNew
+	case err != nil:
+		return fmt.Errorf("bmdb: reading bmdb_schema_compat: %w", err)
 	case row.Declared != int64(v-latest):
 		tooNew.Reason = fmt.Sprintf("only %d of the %d newer migrations declare their compatibility", row.Declared, v-latest)
 		return tooNew

@@ -209,6 +209,11 @@ func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
 
 // transact is Transact without argument checks.
 func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
+	return s.transactGated(ctx, nil, fn)
+}
+
+// transactGated is transact with each attempt admitted by enter.
+func (s *Session) transactGated(ctx context.Context, enter gate, fn func(tx *Tx) error) error {
 	if err := s.alive(); err != nil {
 		return err
 	}
@@ -218,7 +223,7 @@ func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
 		stop()
 		cancel(nil)
 	}()
-	return s.conn.transact(ctx, func(tx *Tx) error {
+	return s.conn.transactGated(ctx, enter, func(tx *Tx) error {
 		if err := s.check(ctx, tx); err != nil {
 			return err
 		}
@@ -230,20 +235,23 @@ func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
 }
 
 // claimTransact is transact for claim transactions, bounded by
-// Config.ClaimConcurrency: it waits for a slot, at priority (ends of claims
-// before new claims), as long as ctx and the session allow.
+// Config.ClaimConcurrency: each attempt waits for a slot, at priority (ends
+// of claims before new claims), as long as ctx and the session allow, and
+// gives it back before any wait to retry.
+//
+// Its callbacks must not start claim transactions themselves: with one slot
+// they would wait for the one their caller holds.
 func (s *Session) claimTransact(ctx context.Context, priority int, fn func(tx *Tx) error) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
-	defer func() {
-		stop()
-		cancel(nil)
-	}()
-	if err := s.conn.claimSlots.acquire(ctx, priority); err != nil {
-		return err
+	slots := s.conn.claimSlots
+	if slots == nil {
+		return s.transact(ctx, fn)
 	}
-	defer s.conn.claimSlots.release()
-	return s.transact(ctx, fn)
+	return s.transactGated(ctx, func(ctx context.Context) (func(), error) {
+		if err := slots.acquire(ctx, priority); err != nil {
+			return nil, err
+		}
+		return slots.release, nil
+	}, fn)
 }
 
 // check verifies inside tx that the session is alive on the database clock.

@@ -52,17 +52,35 @@ var serializable = &sql.TxOptions{Isolation: sql.LevelSerializable}
 // transaction, and a 40001 from COMMIT is retried like any other, after a
 // jittered, capped wait.
 func (c *Connection) transact(ctx context.Context, fn func(*Tx) error) error {
+	return c.transactGated(ctx, nil, fn)
+}
+
+// gate admits one attempt of a transaction: it returns when the attempt may
+// begin, with the function that ends its admission, or ctx's cause. It
+// holds nothing across the waits between attempts.
+type gate func(ctx context.Context) (release func(), err error)
+
+// transactGated is transact with each attempt admitted by enter (nil: no
+// gate).
+func (c *Connection) transactGated(ctx context.Context, enter gate, fn func(*Tx) error) error {
 	if c.closed.Load() {
 		return ErrConnectionClosed
 	}
-	if c.engine == engineCockroach {
-		return c.transactCockroach(ctx, fn)
+	attempt := func(run func() error) error {
+		if enter == nil {
+			return run()
+		}
+		release, err := enter(ctx)
+		if err != nil {
+			return err
+		}
+		defer release()
+		return run()
 	}
-	return c.transactPostgres(ctx, fn)
-}
-
-func (c *Connection) transactPostgres(ctx context.Context, fn func(*Tx) error) error {
-	return c.retry(ctx, func() error { return c.attemptPostgres(ctx, fn) })
+	if c.engine == engineCockroach {
+		return c.retry(ctx, func() error { return attempt(func() error { return c.attemptCockroach(ctx, fn) }) })
+	}
+	return c.retry(ctx, func() error { return attempt(func() error { return c.attemptPostgres(ctx, fn) }) })
 }
 
 // retry runs attempt until it succeeds, fails for good, or MaxTxAttempts
@@ -132,42 +150,41 @@ func markConnection(err error) error {
 	return err
 }
 
-// transactCockroach retries serialization failures with crdb.ExecuteTx and,
-// around it, connection failures before the commit.
-func (c *Connection) transactCockroach(ctx context.Context, fn func(*Tx) error) error {
-	return c.retry(ctx, func() error {
-		attempts := 0
-		var last error // the last serialization failure
-		// crdb counts retries, and takes 0 for "no limit": allow one more
-		// than needed and stop in the callback.
-		err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts), c.db, serializable,
-			func(tx *sql.Tx) error {
-				attempts++
-				if attempts > c.cfg.MaxTxAttempts {
-					return errAttemptsExceeded
-				}
-				c.countAttempt()
-				if attempts > 1 {
-					c.countRetry(retrySerialization)
-				}
-				err := fn(c.newTx(tx))
-				if isRetryable(err) {
-					last = err
-				}
-				return err
-			})
-		var maxRetries *crdb.MaxRetriesExceededError
-		var ambiguous *crdb.AmbiguousCommitError
-		switch {
-		case errors.Is(err, errAttemptsExceeded):
-			return &RetriesExhaustedError{Attempts: c.cfg.MaxTxAttempts, Last: last}
-		case errors.As(err, &maxRetries):
-			return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
-		case errors.As(err, &ambiguous) || sqlState(err) == codeStatementCompletionUnknown:
-			return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
-		}
-		return markConnection(contextError(ctx, err))
-	})
+// attemptCockroach runs fn with crdb.ExecuteTx, which retries
+// serialization failures in place (savepoint restarts); connection failures
+// before the commit come back marked for the retry loop around it.
+func (c *Connection) attemptCockroach(ctx context.Context, fn func(*Tx) error) error {
+	attempts := 0
+	var last error // the last serialization failure
+	// crdb counts retries, and takes 0 for "no limit": allow one more
+	// than needed and stop in the callback.
+	err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts), c.db, serializable,
+		func(tx *sql.Tx) error {
+			attempts++
+			if attempts > c.cfg.MaxTxAttempts {
+				return errAttemptsExceeded
+			}
+			c.countAttempt()
+			if attempts > 1 {
+				c.countRetry(retrySerialization)
+			}
+			err := fn(c.newTx(tx))
+			if isRetryable(err) {
+				last = err
+			}
+			return err
+		})
+	var maxRetries *crdb.MaxRetriesExceededError
+	var ambiguous *crdb.AmbiguousCommitError
+	switch {
+	case errors.Is(err, errAttemptsExceeded):
+		return &RetriesExhaustedError{Attempts: c.cfg.MaxTxAttempts, Last: last}
+	case errors.As(err, &maxRetries):
+		return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
+	case errors.As(err, &ambiguous) || sqlState(err) == codeStatementCompletionUnknown:
+		return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
+	}
+	return markConnection(contextError(ctx, err))
 }
 
 // errAttemptsExceeded stops crdb.ExecuteTx after MaxTxAttempts attempts. It

@@ -32,6 +32,7 @@ type Work struct {
 	s       *Session
 	machine uuid.UUID
 	process string
+	claimID uuid.UUID // the claim's identity in the work table
 
 	mu    sync.Mutex
 	ended bool
@@ -72,6 +73,12 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 	return works[0], nil
 }
 
+// claim is one claim taken by a claim transaction.
+type claim struct {
+	machine uuid.UUID
+	id      uuid.UUID // work.claim_id: what Finish, Cancel and Fail fence on
+}
+
 // claimBatch is Work and WorkBatch: it claims up to limit candidates in one
 // transaction.
 func (s *Session) claimBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
@@ -82,18 +89,18 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
 	start := time.Now()
-	var machines []uuid.UUID
+	var claims []claim
 	var tookOver bool
 	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
 		candidates, err := retrieve(tx)
 		if err != nil {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
 		}
-		machines, tookOver, err = s.claimCandidates(ctx, tx, process, candidates, limit)
+		claims, tookOver, err = s.claimCandidates(ctx, tx, process, candidates, limit)
 		return err
 	})
-	if errors.Is(err, ErrAmbiguousCommit) && len(machines) > 0 {
-		machines, err = s.resolveAmbiguousClaims(ctx, process, machines, err)
+	if errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0 {
+		claims, err = s.resolveAmbiguousClaims(ctx, process, claims, err)
 	}
 	metrics := s.conn.metrics
 	if err != nil {
@@ -105,9 +112,9 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 	if tookOver {
 		metrics.workEvent(process, model.WorkHistoryEventAbandoned)
 	}
-	works := make([]*Work, len(machines))
-	for i, m := range machines {
-		works[i] = &Work{s: s, machine: m, process: process}
+	works := make([]*Work, len(claims))
+	for i, c := range claims {
+		works[i] = &Work{s: s, machine: c.machine, process: process, claimID: c.id}
 		metrics.workEvent(process, model.WorkHistoryEventStarted)
 		metrics.claimed(process, time.Since(start).Seconds())
 	}
@@ -115,27 +122,37 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 }
 
 // resolveAmbiguousClaims finds out, after the connection failed during the
-// claim's COMMIT (ambiguous), which of the machines this session now holds,
-// so that a claim that did commit is not left held by a live session with
-// nobody working on it. It returns ambiguous if none is held.
-func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, machines []uuid.UUID, ambiguous error) ([]uuid.UUID, error) {
-	var held []uuid.UUID
-	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
-		held = held[:0]
-		for _, m := range machines {
-			w, err := tx.q.WorkGet(ctx, model.WorkGetParams{MachineID: m, Process: process})
-			switch {
-			case errors.Is(err, sql.ErrNoRows):
-			case err != nil:
-				return err
-			case w.SessionID == s.id:
-				held = append(held, m)
+// claim's COMMIT (ambiguous), which of the claims that transaction made did
+// commit (their claim ids are in the work table), so that no claim is left
+// held by a live session with nobody working on it. It keeps trying while
+// ctx and the session allow, and returns ambiguous if none committed.
+func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, claims []claim, ambiguous error) ([]claim, error) {
+	var held []claim
+	for wait := txRetryBase; ; wait = min(2*wait, txRetryCap) {
+		err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
+			held = held[:0]
+			for _, c := range claims {
+				w, err := tx.q.WorkGet(ctx, model.WorkGetParams{MachineID: c.machine, Process: process})
+				switch {
+				case errors.Is(err, sql.ErrNoRows):
+				case err != nil:
+					return err
+				case w.ClaimID == c.id:
+					held = append(held, c)
+				}
 			}
+			return nil
+		})
+		if err == nil {
+			break
 		}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
+		if ctx.Err() != nil || s.ctx.Err() != nil {
+			// Close, or the session's expiry, removes whatever committed.
+			return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
+		}
+		if sleep(ctx, wait) != nil {
+			return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
+		}
 	}
 	if len(held) == 0 {
 		return nil, ambiguous
@@ -146,15 +163,15 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, ma
 // claimCandidates claims up to limit candidates inside tx, in order, and
 // reports whether it took a claim over from an expired session.
 //
-// The first pass only inserts (WorkClaim), which reads no work row: on
+// The first pass only inserts (WorkClaimMany), which reads no work row: on
 // PostgreSQL an uncontended claim then takes no SERIALIZABLE read lock on
 // the small, hot work index, so concurrent claims of different machines do
 // not abort each other through it. Only if no candidate could be claimed
 // does the second pass read the claims' state, to take over one held by an
 // expired session or to tell a conflict from backoff.
-func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]uuid.UUID, bool, error) {
+func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]claim, bool, error) {
 	candidates = distinct(candidates)
-	var claimed []uuid.UUID
+	var claimed []claim
 	// Claim in chunks of what is still missing: one statement when nothing
 	// is contended, never more than limit claims.
 	for rest := candidates; len(rest) > 0 && len(claimed) < limit; {
@@ -169,17 +186,17 @@ func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, c
 	if len(claimed) > 0 {
 		return claimed, false, nil
 	}
-	machine, err := s.takeOverFirst(ctx, tx, process, candidates)
+	c, err := s.takeOverFirst(ctx, tx, process, candidates)
 	if err != nil {
 		return nil, false, err
 	}
-	return []uuid.UUID{machine}, true, nil
+	return []claim{c}, true, nil
 }
 
-// claimMany runs WorkClaimMany on machines and returns those claimed, in
-// the order given.
-func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]uuid.UUID, error) {
-	ids, err := tx.q.WorkClaimMany(ctx, model.WorkClaimManyParams{
+// claimMany runs WorkClaimMany on machines and returns the claims made, in
+// the order of machines.
+func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]claim, error) {
+	rows, err := tx.q.WorkClaimMany(ctx, model.WorkClaimManyParams{
 		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	if sqlState(err) == codeForeignKeyViolation {
@@ -188,17 +205,14 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 	if err != nil {
 		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
 	}
-	if len(ids) == len(machines) {
-		return machines, nil
+	ids := make(map[uuid.UUID]uuid.UUID, len(rows))
+	for _, r := range rows {
+		ids[r.MachineID] = r.ClaimID.UUID
 	}
-	got := make(map[uuid.UUID]bool, len(ids))
-	for _, id := range ids {
-		got[id] = true
-	}
-	var claimed []uuid.UUID
+	var claimed []claim
 	for _, m := range machines {
-		if got[m] {
-			claimed = append(claimed, m)
+		if id, ok := ids[m]; ok {
+			claimed = append(claimed, claim{machine: m, id: id})
 		}
 	}
 	return claimed, nil
@@ -222,12 +236,12 @@ func distinct(ids []uuid.UUID) []uuid.UUID {
 
 // takeOverFirst takes over the first candidate whose claim is held by an
 // expired session, or says why no candidate can be claimed.
-func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (uuid.UUID, error) {
+func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, error) {
 	conflict := false
 	for _, machine := range candidates {
 		state, err := tx.q.WorkClaimState(ctx, model.WorkClaimStateParams{MachineID: machine, Process: process})
 		if err != nil {
-			return uuid.Nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
+			return claim{}, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
 		}
 		switch {
 		case state.InBackoff:
@@ -237,17 +251,18 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 			continue
 		}
 		if err := s.takeOver(ctx, tx, machine, process); err != nil {
-			return uuid.Nil, err
+			return claim{}, err
 		}
-		if err := s.start(ctx, tx, machine, process); err != nil {
-			return uuid.Nil, err
+		id, err := s.start(ctx, tx, machine, process)
+		if err != nil {
+			return claim{}, err
 		}
-		return machine, nil
+		return claim{machine: machine, id: id}, nil
 	}
 	if conflict {
-		return uuid.Nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		return claim{}, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
-	return uuid.Nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	return claim{}, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
 // takeOver removes the claim of an expired session, recording Abandoned.
@@ -259,22 +274,23 @@ func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, proce
 	return nil
 }
 
-// start inserts the claim and its Started history row.
-func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
-	_, err := tx.q.WorkStart(ctx, model.WorkStartParams{
+// start inserts the claim and its Started history row, and returns the
+// claim's id.
+func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (uuid.UUID, error) {
+	id, err := tx.q.WorkStart(ctx, model.WorkStartParams{
 		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	switch sqlState(err) {
 	case "":
 	case codeUniqueViolation:
-		return fmt.Errorf("%w (process %q, machine %s): %w", ErrWorkConflict, process, machine, err)
+		return uuid.Nil, fmt.Errorf("%w (process %q, machine %s): %w", ErrWorkConflict, process, machine, err)
 	case codeForeignKeyViolation:
-		return fmt.Errorf("%w: %s (process %q): %w", ErrUnknownMachine, machine, process, err)
+		return uuid.Nil, fmt.Errorf("%w: %s (process %q): %w", ErrUnknownMachine, machine, process, err)
 	}
 	if err != nil {
-		return fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
+		return uuid.Nil, fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
 	}
-	return nil
+	return id.UUID, nil
 }
 
 // Finish ends the Work successfully: in one transaction it deletes the
@@ -297,7 +313,8 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 // statement, WorkFinish), and runs commit.
 func (w *Work) finishIn(ctx context.Context, tx *Tx, commit func(tx *Tx) error) error {
 	rows, err := tx.q.WorkFinish(ctx, model.WorkFinishParams{
-		MachineID: w.machine, Process: w.process, SessionID: w.s.id, ComponentName: w.s.conn.cfg.ComponentName,
+		MachineID: w.machine, Process: w.process, SessionID: w.s.id, ClaimID: w.claimID,
+		ComponentName: w.s.conn.cfg.ComponentName,
 	})
 	if err != nil {
 		return fmt.Errorf("bmdb: finishing %q on %s: %w", w.process, w.machine, err)
@@ -380,6 +397,7 @@ func (w *Work) endClaim(ctx context.Context, tx *Tx, event model.WorkHistoryEven
 		MachineID:     w.machine,
 		Process:       w.process,
 		SessionID:     w.s.id,
+		ClaimID:       w.claimID,
 		ComponentName: w.s.conn.cfg.ComponentName,
 	})
 	if err != nil {

@@ -405,3 +405,79 @@ func TestFinishRacingATakeover(t *testing.T) {
 		t.Fatalf("the new holder's Finish: %v", err)
 	}
 }
+
+// A claim has an identity: a retried end of an old claim (its first COMMIT
+// was ambiguous but did commit) cannot end a newer claim of the same
+// session on the same machine.
+func TestRetriedEndDoesNotEndANewerClaim(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+	var armed atomic.Bool
+	c.hooks.commit = func(tx *sql.Tx) error {
+		if !armed.CompareAndSwap(true, false) {
+			return tx.Commit()
+		}
+		if err := tx.Commit(); err != nil {
+			return err
+		}
+		return io.ErrUnexpectedEOF // committed, but the answer was lost
+	}
+	s := e.session(c)
+	m := e.machine()
+	w1, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	armed.Store(true)
+	if err := w1.Cancel(context.Background()); !errors.Is(err, ErrAmbiguousCommit) {
+		t.Fatalf("Cancel with a lost COMMIT answer = %v, want ErrAmbiguousCommit", err)
+	}
+	w2, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatalf("claiming the canceled machine again: %v", err)
+	}
+	if err := w1.Cancel(context.Background()); !errors.Is(err, ErrWorkLost) {
+		t.Fatalf("retried Cancel of the old claim = %v, want ErrWorkLost", err)
+	}
+	if err := w2.Finish(context.Background(), tagCommit(m)); err != nil {
+		t.Fatalf("Finish of the newer claim: %v", err)
+	}
+	if got := e.events(m, s); !slicesEqual(got, "install:Started@1", "install:Canceled@1", "install:Started@1", "install:Finished@1") {
+		t.Errorf("history = %v", got)
+	}
+}
+
+// Resolving an ambiguous claim counts only the claims that transaction
+// made: if it rolled back and another claimer of the same session claimed
+// the machine meanwhile, Work must not hand out a second Work for it.
+func TestAmbiguousClaimDoesNotAdoptAnotherClaim(t *testing.T) {
+	e := newWorkEnv(t)
+	// No claim bound, so that the other claimer can run inside the hook.
+	c := e.open(func(c *Config) { c.SessionInterval = time.Minute; c.ClaimConcurrency = -1 })
+	s := e.session(c)
+	m := e.machine()
+	var armed atomic.Bool
+	var other *Work
+	var otherErr error
+	c.hooks.commit = func(tx *sql.Tx) error {
+		if !armed.CompareAndSwap(true, false) {
+			return tx.Commit()
+		}
+		if err := tx.Rollback(); err != nil {
+			return err
+		}
+		other, otherErr = s.Work(context.Background(), "install", retrieveAll(m))
+		return io.ErrUnexpectedEOF // rolled back, but the answer was lost
+	}
+	armed.Store(true)
+	w, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if otherErr != nil || other == nil {
+		t.Fatalf("the other claimer: %v", otherErr)
+	}
+	if !errors.Is(err, ErrAmbiguousCommit) || w != nil {
+		t.Fatalf("Work after an ambiguous, rolled-back claim = %v, %v; want ErrAmbiguousCommit and no Work", w, err)
+	}
+	if err := other.Finish(context.Background(), tagCommit(m)); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -149,6 +149,7 @@ type Work struct {
 	Process   string    `json:"process"`
 	SessionID uuid.UUID `json:"session_id"`
 	StartedAt time.Time `json:"started_at"`
+	ClaimID   uuid.UUID `json:"claim_id"`
 }
 
 type WorkBackoff struct {
@@ -168,4 +169,5 @@ type WorkHistory struct {
 	At            time.Time        `json:"at"`
 	FailedCause   sql.NullString   `json:"failed_cause"`
 	ComponentName sql.NullString   `json:"component_name"`
+	ClaimID       uuid.NullUUID    `json:"claim_id"`
 }

@@ -12,8 +12,13 @@ import (
 const schemaCompatOldest = `-- name: SchemaCompatOldest :one
 SELECT COALESCE(max(oldest_compatible), 0)::INT8 AS oldest_compatible, count(*)::INT8 AS declared
 FROM bmdb_schema_compat
-WHERE version > $1::INT8
+WHERE version > $1::INT8 AND version <= $2::INT8
 `
+
+type SchemaCompatOldestParams struct {
+	KnownVersion    int64 `json:"known_version"`
+	DatabaseVersion int64 `json:"database_version"`
+}
 
 type SchemaCompatOldestRow struct {
 	OldestCompatible int64 `json:"oldest_compatible"`
@@ -24,8 +29,8 @@ type SchemaCompatOldestRow struct {
 // work with every migration newer than known_version, and how many such
 // migrations declared it (fewer than the versions between means some did
 // not: treat them as breaking).
-func (q *Queries) SchemaCompatOldest(ctx context.Context, knownVersion int64) (SchemaCompatOldestRow, error) {
-	row := q.queryRow(ctx, q.schemaCompatOldestStmt, schemaCompatOldest, knownVersion)
+func (q *Queries) SchemaCompatOldest(ctx context.Context, arg SchemaCompatOldestParams) (SchemaCompatOldestRow, error) {
+	row := q.queryRow(ctx, q.schemaCompatOldestStmt, schemaCompatOldest, arg.KnownVersion, arg.DatabaseVersion)
 	var i SchemaCompatOldestRow
 	err := row.Scan(&i.OldestCompatible, &i.Declared)
 	return i, err

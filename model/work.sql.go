@@ -21,11 +21,11 @@ WITH gone AS (
           SELECT 1 FROM sessions s
           WHERE s.session_id = work.session_id AND s.deadline > now()
       )
-    RETURNING work.machine_id, work.process, work.session_id
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
-       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
 FROM gone
 `
 
@@ -99,13 +99,13 @@ WITH claim AS (
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
-    RETURNING machine_id, process, session_id, started_at
+    RETURNING machine_id, process, session_id, started_at, claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       $1::TEXT
+       $1::TEXT, claim.claim_id
 FROM claim
-RETURNING work_history.machine_id
+RETURNING work_history.machine_id, work_history.claim_id
 `
 
 type WorkClaimManyParams struct {
@@ -115,14 +115,19 @@ type WorkClaimManyParams struct {
 	MachineIds    []uuid.UUID `json:"machine_ids"`
 }
 
+type WorkClaimManyRow struct {
+	MachineID uuid.UUID     `json:"machine_id"`
+	ClaimID   uuid.NullUUID `json:"claim_id"`
+}
+
 // WorkClaimMany claims, in one statement, each of machine_ids that is
 // neither claimed for process nor in backoff for it, records Started for
-// each, and returns the claimed ids. It reads no work row (the unique index
+// each, and returns the claimed machines with their claim ids. It reads no work row (the unique index
 // decides), so on PostgreSQL an uncontended claim takes no SERIALIZABLE read
 // lock on the small, hot work index, and concurrent claims of different
 // machines do not conflict through it. A concurrent claim of the same
 // machine fails one of them with 40001.
-func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]uuid.UUID, error) {
+func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
 		arg.ComponentName,
 		arg.Process,
@@ -133,13 +138,13 @@ func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([
 		return nil, err
 	}
 	defer rows.Close()
-	items := []uuid.UUID{}
+	items := []WorkClaimManyRow{}
 	for rows.Next() {
-		var machine_id uuid.UUID
-		if err := rows.Scan(&machine_id); err != nil {
+		var i WorkClaimManyRow
+		if err := rows.Scan(&i.MachineID, &i.ClaimID); err != nil {
 			return nil, err
 		}
-		items = append(items, machine_id)
+		items = append(items, i)
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err
@@ -193,13 +198,13 @@ const workEnd = `-- name: WorkEnd :execrows
 WITH ended AS (
     DELETE FROM work
     WHERE work.machine_id = $4 AND work.process = $5
-      AND work.session_id = $6
-    RETURNING work.machine_id, work.process, work.session_id
+      AND work.session_id = $6 AND work.claim_id = $7
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id,
        $1::work_history_event, $2::TEXT,
-       $3::TEXT
+       $3::TEXT, ended.claim_id
 FROM ended
 `
 
@@ -210,12 +215,14 @@ type WorkEndParams struct {
 	MachineID     uuid.UUID        `json:"machine_id"`
 	Process       string           `json:"process"`
 	SessionID     uuid.UUID        `json:"session_id"`
+	ClaimID       uuid.UUID        `json:"claim_id"`
 }
 
-// WorkEnd removes the claim of (machine, process) only if the given session
-// holds it, recording the given event and cause. It affects no row when the
-// claim is gone or was taken over: that is the fence that keeps a stale
-// worker's Finish, Cancel or Fail from taking effect.
+// WorkEnd removes the claim of (machine, process) only if it is still the
+// given claim of the given session, recording the given event and cause. It
+// affects no row when the claim is gone, was taken over, or was followed by
+// a newer claim: that is the fence that keeps a stale Finish, Cancel or Fail
+// from taking effect.
 func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error) {
 	result, err := q.exec(ctx, q.workEndStmt, workEnd,
 		arg.Event,
@@ -224,6 +231,7 @@ func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error)
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
+		arg.ClaimID,
 	)
 	if err != nil {
 		return 0, err
@@ -279,16 +287,17 @@ const workFinish = `-- name: WorkFinish :execrows
 WITH ended AS (
     DELETE FROM work
     WHERE work.machine_id = $2 AND work.process = $3
-      AND work.session_id = $4
-    RETURNING work.machine_id, work.process, work.session_id
+      AND work.session_id = $4 AND work.claim_id = $5
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), cleared AS (
     DELETE FROM work_backoff
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
       AND work_backoff.process = $3
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT,
+       ended.claim_id
 FROM ended
 `
 
@@ -297,17 +306,19 @@ type WorkFinishParams struct {
 	MachineID     uuid.UUID `json:"machine_id"`
 	Process       string    `json:"process"`
 	SessionID     uuid.UUID `json:"session_id"`
+	ClaimID       uuid.UUID `json:"claim_id"`
 }
 
 // WorkFinish is WorkEnd for a successful end, in one statement: it removes
-// the claim only if the session holds it, clears its backoff, and records
-// Finished. It affects no row when the claim is gone or was taken over.
+// the claim only if it is still the given claim of the session, clears its
+// backoff, and records Finished. It affects no row when the claim is gone or was taken over.
 func (q *Queries) WorkFinish(ctx context.Context, arg WorkFinishParams) (int64, error) {
 	result, err := q.exec(ctx, q.workFinishStmt, workFinish,
 		arg.ComponentName,
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
+		arg.ClaimID,
 	)
 	if err != nil {
 		return 0, err
@@ -320,10 +331,12 @@ WITH ended AS (
     DELETE FROM work
     WHERE work.process = $2::TEXT AND work.session_id = $3::UUID
       AND work.machine_id = ANY ($4::UUID[])
-    RETURNING work.machine_id, work.process, work.session_id
+      AND work.claim_id = ANY ($5::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT,
+       ended.claim_id
 FROM ended
 RETURNING work_history.machine_id
 `
@@ -333,17 +346,19 @@ type WorkFinishManyParams struct {
 	Process       string      `json:"process"`
 	SessionID     uuid.UUID   `json:"session_id"`
 	MachineIds    []uuid.UUID `json:"machine_ids"`
+	ClaimIds      []uuid.UUID `json:"claim_ids"`
 }
 
-// WorkFinishMany ends, as Finished, the claims of process on machine_ids
-// that the session holds, and returns their machine ids: those missing were
-// no longer held (the fence of FinishAll).
+// WorkFinishMany ends, as Finished, the claims claim_ids of process on
+// machine_ids that the session still holds, and returns their machine ids:
+// those missing were no longer held (the fence of FinishAll).
 func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.UUID, error) {
 	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
 		arg.ComponentName,
 		arg.Process,
 		arg.SessionID,
 		pq.Array(arg.MachineIds),
+		pq.Array(arg.ClaimIds),
 	)
 	if err != nil {
 		return nil, err
@@ -367,7 +382,7 @@ func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) 
 }
 
 const workGet = `-- name: WorkGet :one
-SELECT machine_id, process, session_id, started_at FROM work
+SELECT machine_id, process, session_id, started_at, claim_id FROM work
 WHERE machine_id = $1 AND process = $2
 `
 
@@ -385,12 +400,13 @@ func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) 
 		&i.Process,
 		&i.SessionID,
 		&i.StartedAt,
+		&i.ClaimID,
 	)
 	return i, err
 }
 
 const workListBySession = `-- name: WorkListBySession :many
-SELECT machine_id, process, session_id, started_at FROM work WHERE session_id = $1
+SELECT machine_id, process, session_id, started_at, claim_id FROM work WHERE session_id = $1
 ORDER BY started_at, machine_id, process
 `
 
@@ -409,6 +425,7 @@ func (q *Queries) WorkListBySession(ctx context.Context, sessionID uuid.UUID) ([
 			&i.Process,
 			&i.SessionID,
 			&i.StartedAt,
+			&i.ClaimID,
 		); err != nil {
 			return nil, err
 		}
@@ -423,16 +440,17 @@ func (q *Queries) WorkListBySession(ctx context.Context, sessionID uuid.UUID) ([
 	return items, nil
 }
 
-const workStart = `-- name: WorkStart :execrows
+const workStart = `-- name: WorkStart :one
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
     VALUES ($2, $3, $4)
-    RETURNING machine_id, process, session_id, started_at
+    RETURNING machine_id, process, session_id, started_at, claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       $1::TEXT
+       $1::TEXT, claim.claim_id
 FROM claim
+RETURNING work_history.claim_id
 `
 
 type WorkStartParams struct {
@@ -443,17 +461,16 @@ type WorkStartParams struct {
 }
 
 // WorkStart inserts the claim of (machine, process) for a session together
-// with its Started history row. A live claim makes it fail with a unique
-// violation.
-func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (int64, error) {
-	result, err := q.exec(ctx, q.workStartStmt, workStart,
+// with its Started history row, and returns the claim's id. A live claim
+// makes it fail with a unique violation.
+func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (uuid.NullUUID, error) {
+	row := q.queryRow(ctx, q.workStartStmt, workStart,
 		arg.ComponentName,
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
+	var claim_id uuid.NullUUID
+	err := row.Scan(&claim_id)
+	return claim_id, err
 }

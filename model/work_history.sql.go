@@ -14,7 +14,7 @@ import (
 )
 
 const workHistoryForMachine = `-- name: WorkHistoryForMachine :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id FROM work_history
 WHERE machine_id = $1
 ORDER BY at, id
 `
@@ -38,6 +38,7 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 			&i.At,
 			&i.FailedCause,
 			&i.ComponentName,
+			&i.ClaimID,
 		); err != nil {
 			return nil, err
 		}
@@ -53,7 +54,7 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 }
 
 const workHistoryForProcessSince = `-- name: WorkHistoryForProcessSince :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id FROM work_history
 WHERE process = $1 AND at >= $2
 ORDER BY at, id
 `
@@ -83,6 +84,7 @@ func (q *Queries) WorkHistoryForProcessSince(ctx context.Context, arg WorkHistor
 			&i.At,
 			&i.FailedCause,
 			&i.ComponentName,
+			&i.ClaimID,
 		); err != nil {
 			return nil, err
 		}
@@ -153,7 +155,7 @@ func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPrunePara
 }
 
 const workHistoryRecentEvents = `-- name: WorkHistoryRecentEvents :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id FROM work_history
 WHERE process = $1 AND event = $2 AND at >= $3
 ORDER BY at DESC, id DESC
 LIMIT $4
@@ -192,6 +194,7 @@ func (q *Queries) WorkHistoryRecentEvents(ctx context.Context, arg WorkHistoryRe
 			&i.At,
 			&i.FailedCause,
 			&i.ComponentName,
+			&i.ClaimID,
 		); err != nil {
 			return nil, err
 		}

@@ -5,4 +5,4 @@
 -- not: treat them as breaking).
 SELECT COALESCE(max(oldest_compatible), 0)::INT8 AS oldest_compatible, count(*)::INT8 AS declared
 FROM bmdb_schema_compat
-WHERE version > sqlc.arg(known_version)::INT8;
+WHERE version > sqlc.arg(known_version)::INT8 AND version <= sqlc.arg(database_version)::INT8;

@@ -18,19 +18,20 @@ SELECT
           AND s.deadline > now()
     ) AS claimed_live;
 
--- name: WorkStart :execrows
+-- name: WorkStart :one
 -- WorkStart inserts the claim of (machine, process) for a session together
--- with its Started history row. A live claim makes it fail with a unique
--- violation.
+-- with its Started history row, and returns the claim's id. A live claim
+-- makes it fail with a unique violation.
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
     VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id))
-    RETURNING machine_id, process, session_id, started_at
+    RETURNING machine_id, process, session_id, started_at, claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       sqlc.arg(component_name)::TEXT
-FROM claim;
+       sqlc.arg(component_name)::TEXT, claim.claim_id
+FROM claim
+RETURNING work_history.claim_id;
 
 -- name: WorkAbandonExpired :execrows
 -- WorkAbandonExpired removes the claim of (machine, process) if its session
@@ -43,28 +44,29 @@ WITH gone AS (
           SELECT 1 FROM sessions s
           WHERE s.session_id = work.session_id AND s.deadline > now()
       )
-    RETURNING work.machine_id, work.process, work.session_id
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
-       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
 FROM gone;
 
 -- name: WorkEnd :execrows
--- WorkEnd removes the claim of (machine, process) only if the given session
--- holds it, recording the given event and cause. It affects no row when the
--- claim is gone or was taken over: that is the fence that keeps a stale
--- worker's Finish, Cancel or Fail from taking effect.
+-- WorkEnd removes the claim of (machine, process) only if it is still the
+-- given claim of the given session, recording the given event and cause. It
+-- affects no row when the claim is gone, was taken over, or was followed by
+-- a newer claim: that is the fence that keeps a stale Finish, Cancel or Fail
+-- from taking effect.
 WITH ended AS (
     DELETE FROM work
     WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
-      AND work.session_id = sqlc.arg(session_id)
-    RETURNING work.machine_id, work.process, work.session_id
+      AND work.session_id = sqlc.arg(session_id) AND work.claim_id = sqlc.arg(claim_id)
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id,
        sqlc.arg(event)::work_history_event, sqlc.narg(failed_cause)::TEXT,
-       sqlc.arg(component_name)::TEXT
+       sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended;
 
 -- name: WorkEndSession :many
@@ -113,7 +115,7 @@ ORDER BY started_at, machine_id, process;
 -- name: WorkClaimMany :many
 -- WorkClaimMany claims, in one statement, each of machine_ids that is
 -- neither claimed for process nor in backoff for it, records Started for
--- each, and returns the claimed ids. It reads no work row (the unique index
+-- each, and returns the claimed machines with their claim ids. It reads no work row (the unique index
 -- decides), so on PostgreSQL an uncontended claim takes no SERIALIZABLE read
 -- lock on the small, hot work index, and concurrent claims of different
 -- machines do not conflict through it. A concurrent claim of the same
@@ -128,44 +130,47 @@ WITH claim AS (
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
-    RETURNING machine_id, process, session_id, started_at
+    RETURNING machine_id, process, session_id, started_at, claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       sqlc.arg(component_name)::TEXT
+       sqlc.arg(component_name)::TEXT, claim.claim_id
 FROM claim
-RETURNING work_history.machine_id;
+RETURNING work_history.machine_id, work_history.claim_id;
 
 -- name: WorkFinishMany :many
--- WorkFinishMany ends, as Finished, the claims of process on machine_ids
--- that the session holds, and returns their machine ids: those missing were
--- no longer held (the fence of FinishAll).
+-- WorkFinishMany ends, as Finished, the claims claim_ids of process on
+-- machine_ids that the session still holds, and returns their machine ids:
+-- those missing were no longer held (the fence of FinishAll).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
       AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
-    RETURNING work.machine_id, work.process, work.session_id
+      AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT,
+       ended.claim_id
 FROM ended
 RETURNING work_history.machine_id;
 
 -- name: WorkFinish :execrows
 -- WorkFinish is WorkEnd for a successful end, in one statement: it removes
--- the claim only if the session holds it, clears its backoff, and records
--- Finished. It affects no row when the claim is gone or was taken over.
+-- the claim only if it is still the given claim of the session, clears its
+-- backoff, and records Finished. It affects no row when the claim is gone or was taken over.
 WITH ended AS (
     DELETE FROM work
     WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
-      AND work.session_id = sqlc.arg(session_id)
-    RETURNING work.machine_id, work.process, work.session_id
+      AND work.session_id = sqlc.arg(session_id) AND work.claim_id = sqlc.arg(claim_id)
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), cleared AS (
     DELETE FROM work_backoff
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
       AND work_backoff.process = sqlc.arg(process)
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT,
+       ended.claim_id
 FROM ended;

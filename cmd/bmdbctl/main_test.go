@@ -224,10 +224,10 @@ func TestMigrateAndGC(t *testing.T) {
 	}
 	ok(t, dsn, "migrate", "up")
 	out := ok(t, dsn, "migrate", "down", "--steps", "1", "--json")
-	if !strings.Contains(out, `"database_version": 5`) {
+	if !strings.Contains(out, `"database_version": 7`) {
 		t.Errorf("migrate down:\n%s", out)
 	}
-	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, `"database_version": 6`) {
+	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, `"database_version": 8`) {
 		t.Errorf("migrate up:\n%s", out)
 	}
 	// gc deletes a session expired long ago.
