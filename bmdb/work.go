@@ -20,10 +20,10 @@ import (
 // A Work must end with exactly one successful Finish, Cancel or Fail; after
 // that, and after one of them has returned ErrWorkLost, ErrSessionExpired or
 // ErrSessionClosed (the claim is gone either way), every one of them returns
-// ErrWorkDone. A
-// call that fails otherwise (ctx done, retries exhausted, an error from
-// commit) changes nothing and leaves the Work open, so the caller may retry
-// it or end the Work another way. If the session ends first, its claims end
+// ErrWorkDone. A call that fails otherwise (ctx done, retries exhausted, an
+// error from commit, ErrAmbiguousCommit) leaves the Work open, so the caller
+// may retry it or end the Work another way: every end fences on the claim's
+// identity, so a retry never ends a newer claim of the same machine. If the session ends first, its claims end
 // with it (Close records them Canceled, expiry Abandoned).
 //
 // Work methods serialise themselves, but a Work is meant to be used by one
@@ -47,6 +47,10 @@ func (w *Work) Process() string { return w.process }
 // Session returns the session holding the claim.
 func (w *Work) Session() *Session { return w.s }
 
+// ClaimID returns the claim's identity: work.claim_id, and the claim_id of
+// its history rows.
+func (w *Work) ClaimID() uuid.UUID { return w.claimID }
+
 // Work claims a machine for process. In one transaction (see Transact) it
 // runs retrieve, which returns candidate machine ids in order of preference,
 // and claims the first candidate that is neither claimed for process nor in
@@ -62,9 +66,11 @@ func (w *Work) Session() *Session { return w.s }
 //
 // Work returns ErrNothingToDo when retrieve returns no candidate or only
 // candidates in backoff, ErrWorkConflict when the remaining candidates are
-// all claimed by live sessions (or by claims committing concurrently), ErrUnknownMachine for a candidate that is not
-// in the machines table, an error wrapping ErrInvalidArgument for a bad
-// process name or a nil retrieve, and the errors of Transact.
+// all claimed by live sessions (or by claims committing concurrently),
+// ErrUnknownMachine for a candidate that is not in the machines table, an
+// error wrapping ErrInvalidArgument for a bad process name or a nil
+// retrieve, and the errors of Transact. If the claim's COMMIT was ambiguous,
+// Work finds out which of its claims committed and returns those.
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
 	works, err := s.claimBatch(ctx, process, 1, retrieve)
 	if err != nil {
