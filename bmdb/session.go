@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
+	"github.com/bmdb-dev/bmdb/internal/wait"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -325,8 +326,8 @@ func (s *Session) poke() error {
 		s.conn.stats.heartbeatFailures.Add(1)
 		s.conn.metrics.heartbeatFailures.Inc()
 		klog.Warningf("bmdb: session %s heartbeat attempt %d failed: %v", s.id, attempt, err)
-		wait := min(s.interval/20, time.Until(deadline))
-		if err := sleep(s.ctx, wait); err != nil {
+		delay := min(s.interval/20, time.Until(deadline))
+		if err := wait.Sleep(s.ctx, delay); err != nil {
 			return err
 		}
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
 
+	"github.com/bmdb-dev/bmdb/internal/wait"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -103,7 +104,7 @@ func (c *Connection) retry(ctx context.Context, attempt func() error) error {
 		if n >= c.cfg.MaxTxAttempts {
 			return &RetriesExhaustedError{Attempts: n, Last: err}
 		}
-		if err := sleep(ctx, retryDelay(n)); err != nil {
+		if err := wait.Sleep(ctx, retryDelay(n)); err != nil {
 			return fmt.Errorf("bmdb: waiting to retry transaction: %w", err)
 		}
 	}
@@ -218,19 +219,6 @@ func retryDelay(attempt int) time.Duration {
 		d = min(txRetryBase<<(attempt-1), txRetryCap)
 	}
 	return d/2 + rand.N(d/2+1)
-}
-
-// sleep waits for d or until ctx is done, whichever comes first, and then
-// returns ctx's error, if any.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
 }
 
 // contextError adds ctx's cause to err when ctx is done, so that a query

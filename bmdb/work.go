@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/bmdb-dev/bmdb/internal/wait"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -134,7 +135,7 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 // ctx and the session allow, and returns ambiguous if none committed.
 func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, claims []claim, ambiguous error) ([]claim, error) {
 	var held []claim
-	for wait := txRetryBase; ; wait = min(2*wait, txRetryCap) {
+	for delay := txRetryBase; ; delay = min(2*delay, txRetryCap) {
 		err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
 			held = held[:0]
 			for _, c := range claims {
@@ -156,7 +157,7 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, cl
 			// Close, or the session's expiry, removes whatever committed.
 			return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
 		}
-		if sleep(ctx, wait) != nil {
+		if wait.Sleep(ctx, delay) != nil {
 			return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
 		}
 	}

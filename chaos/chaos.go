@@ -41,6 +41,7 @@ import (
 	_ "github.com/lib/pq" // the harness's own connections
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // Config configures a harness run. CIConfig returns the CI mode's.
@@ -296,7 +297,7 @@ func (h *harness) startFleet(dsn string) error {
 // injectAll injects the CI schedule, or random faults until the soak time
 // is over, each after a random gap.
 func (h *harness) injectAll(ctx context.Context) error {
-	if err := sleep(ctx, 1500*time.Millisecond); err != nil { // let the fleet get going
+	if err := wait.Sleep(ctx, 1500*time.Millisecond); err != nil { // let the fleet get going
 		return err
 	}
 	gap := func() time.Duration {
@@ -305,7 +306,7 @@ func (h *harness) injectAll(ctx context.Context) error {
 	if h.cfg.Soak > 0 {
 		end := time.Now().Add(h.cfg.Soak)
 		for time.Now().Before(end) {
-			if err := sleep(ctx, gap()); err != nil {
+			if err := wait.Sleep(ctx, gap()); err != nil {
 				return err
 			}
 			if err := h.inject(ctx, FaultKinds[h.rng.IntN(len(FaultKinds))]); err != nil {
@@ -315,7 +316,7 @@ func (h *harness) injectAll(ctx context.Context) error {
 		return nil
 	}
 	for _, kind := range h.schedule(h.cfg.Faults) {
-		if err := sleep(ctx, gap()); err != nil {
+		if err := wait.Sleep(ctx, gap()); err != nil {
 			return err
 		}
 		if err := h.inject(ctx, kind); err != nil {
@@ -368,7 +369,7 @@ func (h *harness) drain(ctx context.Context) {
 			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs all %d items done\n", time.Since(h.began).Seconds(), total)
 			return
 		}
-		_ = sleep(ctx, 200*time.Millisecond)
+		_ = wait.Sleep(ctx, 200*time.Millisecond)
 	}
 	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: items still not done %v after the last fault\n", h.cfg.DrainTimeout)
 	h.stuck = map[uuid.UUID]string{}

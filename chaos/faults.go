@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"syscall"
 	"time"
+
+	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // FaultKind names a kind of injected fault.
@@ -71,7 +73,7 @@ func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 			return fmt.Errorf("chaos: killing worker %d: %w", w.cfg.ID, err)
 		}
 		down := 200*time.Millisecond + time.Duration(h.rng.Int64N(int64(1300*time.Millisecond)))
-		if err := sleep(ctx, down); err != nil {
+		if err := wait.Sleep(ctx, down); err != nil {
 			return err
 		}
 		if err := h.fleet.start(w); err != nil {
@@ -100,7 +102,7 @@ func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 		}
 		w.mark("%s (%s) for %v", markCut, mode, long.Round(time.Millisecond))
 		w.proxy.Cut(blackhole)
-		err := sleep(ctx, long)
+		err := wait.Sleep(ctx, long)
 		w.proxy.Heal()
 		w.mark(markHeal)
 		if err != nil {
@@ -113,7 +115,7 @@ func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 		if err := h.fleet.signal(w, syscall.SIGSTOP); err != nil {
 			return fmt.Errorf("chaos: stopping worker %d: %w", w.cfg.ID, err)
 		}
-		err := sleep(ctx, long)
+		err := wait.Sleep(ctx, long)
 		w.mark(markCont) // before it runs again, so that its lines follow
 		if cerr := h.fleet.signal(w, syscall.SIGCONT); cerr != nil && err == nil {
 			err = fmt.Errorf("chaos: continuing worker %d: %w", w.cfg.ID, cerr)
@@ -178,20 +180,8 @@ func (h *harness) retry(ctx context.Context, fn func(ctx context.Context) error)
 		if err == nil || ctx.Err() != nil {
 			return err
 		}
-		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+		if err := wait.Sleep(ctx, 100*time.Millisecond); err != nil {
 			return err
 		}
-	}
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // Defaults of Config.
@@ -221,7 +222,7 @@ func (l *Loop) Run(ctx context.Context) error {
 			cancel()
 		}
 		if ctx.Err() == nil {
-			_ = sleep(ctx, l.cfg.RestartDelay)
+			_ = wait.Sleep(ctx, l.cfg.RestartDelay)
 		}
 	}
 	return nil
@@ -272,7 +273,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session) {
 			if !errors.Is(err, bmdb.ErrNothingToDo) && !errors.Is(err, bmdb.ErrWorkConflict) {
 				klog.Warningf("worker %s: claiming: %v", l.cfg.Process, err)
 			}
-			_ = sleep(claimCtx, poll-rand.N(poll/2+1))
+			_ = wait.Sleep(claimCtx, poll-rand.N(poll/2+1))
 			poll = min(2*poll, l.cfg.PollMax)
 			continue
 		}
@@ -412,23 +413,23 @@ func (l *Loop) end(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64,
 // session ended (the claim went with it) or shutdown is over (Close removes
 // the claim).
 func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
-	wait := l.cfg.PollMin
+	delay := l.cfg.PollMin
 	for {
 		err := l.ending(workCtx, w.Cancel)
 		switch {
 		case err == nil:
 			l.canceled.Add(1)
 			return
-		case lost(err) || errors.Is(err, bmdb.ErrWorkDone):
+		case lost(err):
 			l.lost.Add(1)
 			return
 		}
 		klog.Warningf("worker %s: canceling claim of %s: %v; retrying", l.cfg.Process, w.Machine(), err)
-		if sleep(workCtx, wait-rand.N(wait/2+1)) != nil {
+		if wait.Sleep(workCtx, delay-rand.N(delay/2+1)) != nil {
 			l.lost.Add(1)
 			return
 		}
-		wait = min(2*wait, l.cfg.PollMax)
+		delay = min(2*delay, l.cfg.PollMax)
 	}
 }
 
@@ -437,16 +438,4 @@ func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 func lost(err error) bool {
 	return errors.Is(err, bmdb.ErrWorkLost) || errors.Is(err, bmdb.ErrSessionExpired) ||
 		errors.Is(err, bmdb.ErrSessionClosed) || errors.Is(err, bmdb.ErrWorkDone)
-}
-
-// sleep waits for d or until ctx is done.
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
