@@ -57,9 +57,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.machineCreateManyStmt, err = db.PrepareContext(ctx, machineCreateMany); err != nil {
 		return nil, fmt.Errorf("error preparing query MachineCreateMany: %w", err)
 	}
-	if q.machineGetStmt, err = db.PrepareContext(ctx, machineGet); err != nil {
-		return nil, fmt.Errorf("error preparing query MachineGet: %w", err)
-	}
 	if q.machineOSInstalledInsertStmt, err = db.PrepareContext(ctx, machineOSInstalledInsert); err != nil {
 		return nil, fmt.Errorf("error preparing query MachineOSInstalledInsert: %w", err)
 	}
@@ -144,9 +141,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workBackoffForMachineStmt, err = db.PrepareContext(ctx, workBackoffForMachine); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffForMachine: %w", err)
 	}
-	if q.workBackoffGetStmt, err = db.PrepareContext(ctx, workBackoffGet); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkBackoffGet: %w", err)
-	}
 	if q.workBackoffIntervalStmt, err = db.PrepareContext(ctx, workBackoffInterval); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffInterval: %w", err)
 	}
@@ -177,9 +171,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workHistoryForMachineStmt, err = db.PrepareContext(ctx, workHistoryForMachine); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkHistoryForMachine: %w", err)
 	}
-	if q.workHistoryForProcessSinceStmt, err = db.PrepareContext(ctx, workHistoryForProcessSince); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkHistoryForProcessSince: %w", err)
-	}
 	if q.workHistoryInsertStmt, err = db.PrepareContext(ctx, workHistoryInsert); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkHistoryInsert: %w", err)
 	}
@@ -191,9 +182,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.workHistorySummaryStmt, err = db.PrepareContext(ctx, workHistorySummary); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkHistorySummary: %w", err)
-	}
-	if q.workListBySessionStmt, err = db.PrepareContext(ctx, workListBySession); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkListBySession: %w", err)
 	}
 	if q.workStartStmt, err = db.PrepareContext(ctx, workStart); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkStart: %w", err)
@@ -256,11 +244,6 @@ func (q *Queries) Close() error {
 	if q.machineCreateManyStmt != nil {
 		if cerr := q.machineCreateManyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing machineCreateManyStmt: %w", cerr)
-		}
-	}
-	if q.machineGetStmt != nil {
-		if cerr := q.machineGetStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing machineGetStmt: %w", cerr)
 		}
 	}
 	if q.machineOSInstalledInsertStmt != nil {
@@ -403,11 +386,6 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workBackoffForMachineStmt: %w", cerr)
 		}
 	}
-	if q.workBackoffGetStmt != nil {
-		if cerr := q.workBackoffGetStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workBackoffGetStmt: %w", cerr)
-		}
-	}
 	if q.workBackoffIntervalStmt != nil {
 		if cerr := q.workBackoffIntervalStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workBackoffIntervalStmt: %w", cerr)
@@ -458,11 +436,6 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workHistoryForMachineStmt: %w", cerr)
 		}
 	}
-	if q.workHistoryForProcessSinceStmt != nil {
-		if cerr := q.workHistoryForProcessSinceStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workHistoryForProcessSinceStmt: %w", cerr)
-		}
-	}
 	if q.workHistoryInsertStmt != nil {
 		if cerr := q.workHistoryInsertStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workHistoryInsertStmt: %w", cerr)
@@ -481,11 +454,6 @@ func (q *Queries) Close() error {
 	if q.workHistorySummaryStmt != nil {
 		if cerr := q.workHistorySummaryStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workHistorySummaryStmt: %w", cerr)
-		}
-	}
-	if q.workListBySessionStmt != nil {
-		if cerr := q.workListBySessionStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workListBySessionStmt: %w", cerr)
 		}
 	}
 	if q.workStartStmt != nil {
@@ -543,7 +511,6 @@ type Queries struct {
 	machineAgentStartedInsertStmt     *sql.Stmt
 	machineCreateStmt                 *sql.Stmt
 	machineCreateManyStmt             *sql.Stmt
-	machineGetStmt                    *sql.Stmt
 	machineOSInstalledInsertStmt      *sql.Stmt
 	machineProvidedInsertStmt         *sql.Stmt
 	machineStageCountsStmt            *sql.Stmt
@@ -572,7 +539,6 @@ type Queries struct {
 	workBackoffDeleteStmt             *sql.Stmt
 	workBackoffDeleteManyStmt         *sql.Stmt
 	workBackoffForMachineStmt         *sql.Stmt
-	workBackoffGetStmt                *sql.Stmt
 	workBackoffIntervalStmt           *sql.Stmt
 	workBackoffUpsertStmt             *sql.Stmt
 	workClaimManyStmt                 *sql.Stmt
@@ -583,12 +549,10 @@ type Queries struct {
 	workFinishManyStmt                *sql.Stmt
 	workGetStmt                       *sql.Stmt
 	workHistoryForMachineStmt         *sql.Stmt
-	workHistoryForProcessSinceStmt    *sql.Stmt
 	workHistoryInsertStmt             *sql.Stmt
 	workHistoryPruneStmt              *sql.Stmt
 	workHistoryRecentEventsStmt       *sql.Stmt
 	workHistorySummaryStmt            *sql.Stmt
-	workListBySessionStmt             *sql.Stmt
 	workStartStmt                     *sql.Stmt
 }
 
@@ -607,7 +571,6 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		machineAgentStartedInsertStmt:     q.machineAgentStartedInsertStmt,
 		machineCreateStmt:                 q.machineCreateStmt,
 		machineCreateManyStmt:             q.machineCreateManyStmt,
-		machineGetStmt:                    q.machineGetStmt,
 		machineOSInstalledInsertStmt:      q.machineOSInstalledInsertStmt,
 		machineProvidedInsertStmt:         q.machineProvidedInsertStmt,
 		machineStageCountsStmt:            q.machineStageCountsStmt,
@@ -636,7 +599,6 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workBackoffDeleteStmt:             q.workBackoffDeleteStmt,
 		workBackoffDeleteManyStmt:         q.workBackoffDeleteManyStmt,
 		workBackoffForMachineStmt:         q.workBackoffForMachineStmt,
-		workBackoffGetStmt:                q.workBackoffGetStmt,
 		workBackoffIntervalStmt:           q.workBackoffIntervalStmt,
 		workBackoffUpsertStmt:             q.workBackoffUpsertStmt,
 		workClaimManyStmt:                 q.workClaimManyStmt,
@@ -647,12 +609,10 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workFinishManyStmt:                q.workFinishManyStmt,
 		workGetStmt:                       q.workGetStmt,
 		workHistoryForMachineStmt:         q.workHistoryForMachineStmt,
-		workHistoryForProcessSinceStmt:    q.workHistoryForProcessSinceStmt,
 		workHistoryInsertStmt:             q.workHistoryInsertStmt,
 		workHistoryPruneStmt:              q.workHistoryPruneStmt,
 		workHistoryRecentEventsStmt:       q.workHistoryRecentEventsStmt,
 		workHistorySummaryStmt:            q.workHistorySummaryStmt,
-		workListBySessionStmt:             q.workListBySessionStmt,
 		workStartStmt:                     q.workStartStmt,
 	}
 }

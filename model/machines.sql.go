@@ -37,18 +37,6 @@ func (q *Queries) MachineCreateMany(ctx context.Context, count int64) (int64, er
 	return result.RowsAffected()
 }
 
-const machineGet = `-- name: MachineGet :one
-SELECT machine_id, machine_created_at FROM machines WHERE machine_id = $1
-`
-
-// MachineGet returns one machine.
-func (q *Queries) MachineGet(ctx context.Context, machineID uuid.UUID) (Machine, error) {
-	row := q.queryRow(ctx, q.machineGetStmt, machineGet, machineID)
-	var i Machine
-	err := row.Scan(&i.MachineID, &i.MachineCreatedAt)
-	return i, err
-}
-
 const machinesWithoutWork = `-- name: MachinesWithoutWork :many
 SELECT m.machine_id FROM machines m
 WHERE NOT EXISTS (

@@ -405,41 +405,6 @@ func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) 
 	return i, err
 }
 
-const workListBySession = `-- name: WorkListBySession :many
-SELECT machine_id, process, session_id, started_at, claim_id FROM work WHERE session_id = $1
-ORDER BY started_at, machine_id, process
-`
-
-// WorkListBySession returns a session's claims, oldest first.
-func (q *Queries) WorkListBySession(ctx context.Context, sessionID uuid.UUID) ([]Work, error) {
-	rows, err := q.query(ctx, q.workListBySessionStmt, workListBySession, sessionID)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []Work{}
-	for rows.Next() {
-		var i Work
-		if err := rows.Scan(
-			&i.MachineID,
-			&i.Process,
-			&i.SessionID,
-			&i.StartedAt,
-			&i.ClaimID,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const workStart = `-- name: WorkStart :one
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)

@@ -95,42 +95,6 @@ func (q *Queries) WorkBackoffForMachine(ctx context.Context, machineID uuid.UUID
 	return items, nil
 }
 
-const workBackoffGet = `-- name: WorkBackoffGet :one
-SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
-FROM work_backoff
-WHERE machine_id = $1 AND process = $2
-`
-
-type WorkBackoffGetParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-}
-
-type WorkBackoffGetRow struct {
-	MachineID       uuid.UUID `json:"machine_id"`
-	Process         string    `json:"process"`
-	Until           time.Time `json:"until"`
-	Cause           string    `json:"cause"`
-	IntervalSeconds float64   `json:"interval_seconds"`
-	Active          bool      `json:"active"`
-}
-
-// WorkBackoffGet returns the backoff row of (machine, process) with whether it
-// is still in force on the database clock.
-func (q *Queries) WorkBackoffGet(ctx context.Context, arg WorkBackoffGetParams) (WorkBackoffGetRow, error) {
-	row := q.queryRow(ctx, q.workBackoffGetStmt, workBackoffGet, arg.MachineID, arg.Process)
-	var i WorkBackoffGetRow
-	err := row.Scan(
-		&i.MachineID,
-		&i.Process,
-		&i.Until,
-		&i.Cause,
-		&i.IntervalSeconds,
-		&i.Active,
-	)
-	return i, err
-}
-
 const workBackoffInterval = `-- name: WorkBackoffInterval :one
 SELECT interval_seconds FROM work_backoff
 WHERE machine_id = $1 AND process = $2

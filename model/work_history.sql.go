@@ -53,52 +53,6 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 	return items, nil
 }
 
-const workHistoryForProcessSince = `-- name: WorkHistoryForProcessSince :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id FROM work_history
-WHERE process = $1 AND at >= $2
-ORDER BY at, id
-`
-
-type WorkHistoryForProcessSinceParams struct {
-	Process string    `json:"process"`
-	Since   time.Time `json:"since"`
-}
-
-// WorkHistoryForProcessSince returns a process's events since a time, oldest
-// first.
-func (q *Queries) WorkHistoryForProcessSince(ctx context.Context, arg WorkHistoryForProcessSinceParams) ([]WorkHistory, error) {
-	rows, err := q.query(ctx, q.workHistoryForProcessSinceStmt, workHistoryForProcessSince, arg.Process, arg.Since)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []WorkHistory{}
-	for rows.Next() {
-		var i WorkHistory
-		if err := rows.Scan(
-			&i.ID,
-			&i.MachineID,
-			&i.Process,
-			&i.SessionID,
-			&i.Event,
-			&i.At,
-			&i.FailedCause,
-			&i.ComponentName,
-			&i.ClaimID,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const workHistoryInsert = `-- name: WorkHistoryInsert :exec
 INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
 VALUES ($1, $2, $3,

@@ -2,10 +2,6 @@
 -- MachineCreate inserts a new machine and returns its id.
 INSERT INTO machines DEFAULT VALUES RETURNING machine_id;
 
--- name: MachineGet :one
--- MachineGet returns one machine.
-SELECT * FROM machines WHERE machine_id = sqlc.arg(machine_id);
-
 -- name: MachinesWithoutWork :many
 -- MachinesWithoutWork returns up to row_limit machines, oldest first, that
 -- have no claim of process and are not in backoff for it. It suits

@@ -107,11 +107,6 @@ RETURNING work_history.process;
 SELECT * FROM work
 WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 
--- name: WorkListBySession :many
--- WorkListBySession returns a session's claims, oldest first.
-SELECT * FROM work WHERE session_id = sqlc.arg(session_id)
-ORDER BY started_at, machine_id, process;
-
 -- name: WorkClaimMany :many
 -- WorkClaimMany claims, in one statement, each of machine_ids that is
 -- neither claimed for process nor in backoff for it, records Started for

@@ -24,13 +24,6 @@ SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.
 DELETE FROM work_backoff
 WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 
--- name: WorkBackoffGet :one
--- WorkBackoffGet returns the backoff row of (machine, process) with whether it
--- is still in force on the database clock.
-SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
-FROM work_backoff
-WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
-
 -- name: WorkBackoffForMachine :many
 -- WorkBackoffForMachine returns every backoff row of a machine, in force or
 -- expired (whose interval the next failure grows from).
