@@ -419,6 +419,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 // do not leave the claim stuck: ending it is retried on new connections.
 func TestLoopSurvivesKilledConnections(t *testing.T) {
 	e := newEnv(t, 3)
+	// One connection for the test itself: the one that kills the others.
+	e.db.SetMaxOpenConns(1)
 	killed := atomic.Int64{}
 	l, stop := e.start(Config{
 		Concurrency: 1,
