@@ -17,6 +17,9 @@ const (
 	MaxTxAttemptsDefault = 100
 	// MaxIdleConnsDefault is the default Config.MaxIdleConns.
 	MaxIdleConnsDefault = 32
+	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
+	// default --max-offset of a CockroachDB cluster.
+	MaxClockOffsetDefault = 500 * time.Millisecond
 
 	// MaxComponentNameLength is the longest Config.ComponentName, in bytes.
 	MaxComponentNameLength = 255
@@ -65,9 +68,15 @@ type Config struct {
 	GCGracePeriod time.Duration
 
 	// SkipMigrations, when true, makes Open only check that the database
-	// schema is exactly at the version this binary embeds, instead of
-	// migrating it up. Defaults to false (migrate on Open).
+	// schema is exactly at the version this binary embeds (bmdb's, and the
+	// Application's), instead of migrating it up. Defaults to false
+	// (migrate on Open).
 	SkipMigrations bool
+
+	// Application, if not nil, is the application's own schema, migrated
+	// (or checked) by Open after bmdb's. Defaults to nil: bmdb's schema
+	// only.
+	Application *Application
 
 	// MaxTxAttempts bounds the attempts of one transaction that keeps
 	// failing with serialization errors; then it returns
@@ -96,6 +105,24 @@ type Config struct {
 	// MaxIdleConns is the number of idle pooled connections kept (database/sql's
 	// SetMaxIdleConns). Must not be negative. Defaults to MaxIdleConnsDefault.
 	MaxIdleConns int
+
+	// NetworkTimeout bounds what no context bounds: connecting when the
+	// caller's context has no deadline (database/sql opens connections in
+	// the background too), and, as TCP keepalives and the TCP user timeout
+	// where the platform has one, how long a connection may go without the
+	// server acknowledging it before the kernel closes it. Calls with a
+	// context are cut when it ends, whatever this says. Must not be
+	// negative. Defaults to 2*SessionInterval, at least a second.
+	NetworkTimeout time.Duration
+
+	// MaxClockOffset is the CockroachDB cluster's maximum clock offset
+	// (its --max-offset). A session there counts itself dead this much
+	// before one interval after its last heartbeat, because another node's
+	// clock may run ahead by up to this much and see the deadline pass
+	// early; so SessionInterval must be at least twice MaxClockOffset, or
+	// Open refuses it. Unused on PostgreSQL, whose one clock decides. Must
+	// not be negative. Defaults to MaxClockOffsetDefault.
+	MaxClockOffset time.Duration
 }
 
 // withDefaults returns c with every unset field at its default.
@@ -114,6 +141,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxIdleConns == 0 {
 		c.MaxIdleConns = MaxIdleConnsDefault
+	}
+	if c.NetworkTimeout == 0 {
+		c.NetworkTimeout = max(2*c.SessionInterval, time.Second)
+	}
+	if c.MaxClockOffset == 0 {
+		c.MaxClockOffset = MaxClockOffsetDefault
 	}
 	return c
 }
@@ -149,6 +182,12 @@ func (c Config) validate() error {
 		return invalidArgument("Config.MaxOpenConns is %d, must not be negative", c.MaxOpenConns)
 	case c.MaxIdleConns < 0:
 		return invalidArgument("Config.MaxIdleConns is %d, must not be negative", c.MaxIdleConns)
+	case c.NetworkTimeout < 0:
+		return invalidArgument("Config.NetworkTimeout is %v, must not be negative", c.NetworkTimeout)
+	case c.MaxClockOffset < 0:
+		return invalidArgument("Config.MaxClockOffset is %v, must not be negative", c.MaxClockOffset)
+	case c.Application != nil:
+		return c.Application.validate()
 	}
 	return nil
 }

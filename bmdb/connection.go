@@ -5,15 +5,15 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/google/uuid"
-	"github.com/lib/pq"
 	"k8s.io/klog/v2"
 
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -36,12 +36,17 @@ func (e engine) String() string {
 // it starts sessions. It is safe for concurrent use. Close it when done; it
 // does not close sessions, which must be closed first.
 type Connection struct {
-	cfg     Config
-	db      *sql.DB
-	engine  engine
-	stats   counters
-	metrics *componentMetrics
-	hooks   testHooks
+	cfg    Config
+	db     *sql.DB
+	engine engine
+	// onPostgres is set when the server is PostgreSQL, whatever path the
+	// engine takes (cockroach mode takes CockroachDB's on PostgreSQL).
+	onPostgres bool
+	// settings are the server-side bounds of the pool's connections.
+	settings connSettings
+	stats    counters
+	metrics  *componentMetrics
+	hooks    testHooks
 	// prepared holds every model query prepared on the pool (once per
 	// pooled connection): a transaction's statements skip parsing and
 	// planning, and run in one round trip each.
@@ -74,6 +79,9 @@ type testHooks struct {
 	// afterSessionCheck runs inside every session transaction right after
 	// its session check, e.g. to hold one there while another commits.
 	afterSessionCheck func(session uuid.UUID)
+	// beforeCommit runs inside every session transaction after its last
+	// liveness check, right before COMMIT (RELEASE on CockroachDB).
+	beforeCommit func(session uuid.UUID)
 }
 
 // Stats are cumulative figures of a Connection, for tests and metrics.
@@ -95,8 +103,16 @@ type Stats struct {
 // Open connects to the database in cfg.DSN, detects whether it is
 // CockroachDB or PostgreSQL, and migrates its schema up (unless
 // cfg.SkipMigrations; then it only checks the version). ctx bounds the whole
-// of Open, including connecting: an unreachable database fails when ctx is
-// done (or after the DSN's connect_timeout).
+// of Open, connecting and migrating included, even against a server that
+// accepts the connection and never answers.
+//
+// Every connection of the pool is bounded the same way afterwards: a call
+// whose context ends has its socket cut at once (an *AbandonedError), and
+// the connection is closed rather than reused. The server bounds each
+// connection too: lock_timeout (SessionInterval/4) and
+// idle_in_transaction_session_timeout (SessionInterval), so that a stalled
+// client cannot hold locks past its lease; transactions on DB() get them
+// as well.
 //
 // Errors wrap ErrInvalidArgument for a bad Config, or are a
 // *SchemaVersionError for a schema this binary must not use; none contains
@@ -106,7 +122,13 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	db, err := openDB(ctx, cfg.DSN)
+	settings := poolSettings(cfg)
+	mode := crdbmode.Get()
+	connector, err := newConnector(cfg.DSN, cfg.NetworkTimeout, settings, newFaults(mode))
+	if err != nil {
+		return nil, err
+	}
+	db, err := openPool(ctx, connector, cfg.DSN)
 	if err != nil {
 		return nil, err
 	}
@@ -116,8 +138,8 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if metrics == nil {
 		metrics, _ = NewMetrics(nil) // cannot fail without a registerer
 	}
-	c := &Connection{cfg: cfg, db: db, metrics: metrics.forComponent(cfg.ComponentName)}
-	if err := c.setUp(ctx); err != nil {
+	c := &Connection{cfg: cfg, db: db, settings: settings, metrics: metrics.forComponent(cfg.ComponentName)}
+	if err := c.setUp(ctx, mode.Enabled); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -125,54 +147,69 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 		db.Close()
 		return nil, fmt.Errorf("bmdb: preparing statements: %w", redactError(contextError(ctx, err), cfg.DSN))
 	}
-	klog.V(1).Infof("bmdb: component %q connected to %s at %s", cfg.ComponentName, c.engine, redactDSN(cfg.DSN))
+	klog.V(1).Infof("bmdb: component %q connected to %s at %s", cfg.ComponentName, c.engineName(), redactDSN(cfg.DSN))
 	return c, nil
 }
 
+// poolSettings are the server-side bounds of a Connection's pool.
+func poolSettings(cfg Config) connSettings {
+	return connSettings{
+		lockTimeout:       max(cfg.SessionInterval/4, 10*time.Millisecond),
+		idleInTransaction: cfg.SessionInterval,
+		connectionCheck:   max(cfg.SessionInterval/4, 100*time.Millisecond),
+	}
+}
+
 // setUp detects the engine and brings the schema to this binary's version.
-func (c *Connection) setUp(ctx context.Context) error {
+// In cockroach mode (package crdbmode) a PostgreSQL server is used as
+// CockroachDB.
+func (c *Connection) setUp(ctx context.Context, cockroachMode bool) error {
 	eng, err := detectEngine(ctx, c.db, c.cfg.DSN)
 	if err != nil {
 		return err
 	}
-	c.engine = eng
-	if n := c.cfg.ClaimConcurrency; n > 0 || (n == 0 && eng == enginePostgres) {
+	c.engine, c.onPostgres = eng, eng == enginePostgres
+	if cockroachMode {
+		c.engine = engineCockroach
+	}
+	if c.engine == engineCockroach && c.cfg.SessionInterval < 2*c.cfg.MaxClockOffset {
+		return invalidArgument("Config.SessionInterval is %v: on CockroachDB it must be at least twice Config.MaxClockOffset (%v), or less than half of it would be usable", c.cfg.SessionInterval, c.cfg.MaxClockOffset)
+	}
+	if n := c.cfg.ClaimConcurrency; n > 0 || (n == 0 && c.engine == enginePostgres) {
 		c.claimSlots = newSlots(max(n, 1))
 	}
-	return migrateOnOpen(ctx, c.db, c.cfg.DSN, c.engine, !c.cfg.SkipMigrations)
+	return migrateOnOpen(ctx, c, !c.cfg.SkipMigrations)
+}
+
+// engineName names the engine and, in cockroach mode, the server.
+func (c *Connection) engineName() string {
+	if c.engine == engineCockroach && c.onPostgres {
+		return "CockroachDB (cockroach mode on PostgreSQL)"
+	}
+	return c.engine.String()
+}
+
+// sessionLifetime is how long after the start of a successful heartbeat a
+// session counts itself alive: the interval, less Config.MaxClockOffset on
+// CockroachDB, whose now() is a node's clock that may run ahead of another
+// node's by up to that much. On PostgreSQL one clock decides.
+func (c *Connection) sessionLifetime() time.Duration {
+	if c.engine != engineCockroach {
+		return c.cfg.SessionInterval
+	}
+	return c.cfg.SessionInterval - c.cfg.MaxClockOffset
 }
 
 // detectEngine tells CockroachDB from PostgreSQL by SELECT version().
 func detectEngine(ctx context.Context, db *sql.DB, dsn string) (engine, error) {
 	var version string
 	if err := db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
-		return 0, fmt.Errorf("bmdb: detecting database engine at %s: %w", redactDSN(dsn), redactError(err, dsn))
+		return 0, fmt.Errorf("bmdb: detecting database engine at %s: %w", redactDSN(dsn), redactError(contextError(ctx, err), dsn))
 	}
 	if strings.Contains(version, "CockroachDB") {
 		return engineCockroach, nil
 	}
 	return enginePostgres, nil
-}
-
-// openDB returns a pool for dsn that has connected once within ctx.
-func openDB(ctx context.Context, dsn string) (*sql.DB, error) {
-	connector, err := pq.NewConnector(dsn)
-	if err != nil {
-		var urlErr *url.Error
-		if errors.As(err, &urlErr) {
-			err = urlErr.Err // url.Error quotes the whole URL, password included
-		}
-		return nil, invalidArgument("Config.DSN is malformed: %v", redactError(err, dsn))
-	}
-	db := sql.OpenDB(connector)
-	if err := db.PingContext(ctx); err != nil {
-		db.Close()
-		if ctx.Err() != nil {
-			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
-		}
-		return nil, fmt.Errorf("bmdb: connecting to %s: %w", redactDSN(dsn), redactError(err, dsn))
-	}
-	return db, nil
 }
 
 // Close closes the pool. Sessions must be closed first: their heartbeats

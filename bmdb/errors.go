@@ -105,17 +105,22 @@ func (e *RetriesExhaustedError) Unwrap() error { return e.Last }
 // Err is ErrSchemaTooNew, ErrSchemaTooOld or ErrSchemaDirty.
 type SchemaVersionError struct {
 	Err      error
-	Database uint // the version recorded in the database (0: none)
-	Binary   uint // the newest version embedded in this binary
+	Schema   string // "bmdb", or the Application's name
+	Database uint   // the version recorded in the database (0: none)
+	Binary   uint   // the newest version embedded in this binary
 	Dirty    bool
 	Reason   string // why a newer schema is not compatible, if known
 }
 
 func (e *SchemaVersionError) Error() string {
-	if e.Dirty {
-		return fmt.Sprintf("%v: version %d is marked dirty (a migration failed half-way); repair it and force the version with golang-migrate", e.Err, e.Database)
+	what := e.Err.Error()
+	if e.Schema != "" && e.Schema != bmdbSourceName {
+		what += " (application " + e.Schema + ")"
 	}
-	msg := fmt.Sprintf("%v: database at version %d, binary knows up to %d", e.Err, e.Database, e.Binary)
+	if e.Dirty {
+		return fmt.Sprintf("%s: version %d is marked dirty (a migration failed half-way); repair it and force the version with golang-migrate", what, e.Database)
+	}
+	msg := fmt.Sprintf("%s: database at version %d, binary knows up to %d", what, e.Database, e.Binary)
 	if e.Reason != "" {
 		msg += " (" + e.Reason + ")"
 	}
@@ -146,8 +151,11 @@ func isConnectionError(err error) bool {
 const (
 	codeSerializationFailure = "40001"
 	codeDeadlockDetected     = "40P01"
-	codeUniqueViolation      = "23505"
-	codeForeignKeyViolation  = "23503"
+	codeLockNotAvailable     = "55P03" // lock_timeout passed
+
+	codeUniqueViolation     = "23505"
+	codeForeignKeyViolation = "23503"
+	codeUndefinedTable      = "42P01"
 	// CockroachDB: the statement may or may not have committed.
 	codeStatementCompletionUnknown = "40003"
 )
@@ -162,11 +170,11 @@ func sqlState(err error) string {
 	return ""
 }
 
-// isRetryable reports whether err is a serialization failure after which the
-// whole transaction may be retried.
+// isRetryable reports whether err is a serialization failure (or a lock
+// wait given up) after which the transaction may be retried.
 func isRetryable(err error) bool {
 	switch sqlState(err) {
-	case codeSerializationFailure, codeDeadlockDetected:
+	case codeSerializationFailure, codeDeadlockDetected, codeLockNotAvailable:
 		return true
 	}
 	return false

@@ -4,35 +4,67 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/google/uuid"
+
 	"github.com/bmdb-dev/bmdb/model"
 )
 
-// CollectGarbage deletes, in one transaction, every session whose deadline
-// passed more than Config.GCGracePeriod ago, first recording Abandoned
-// history for each of their claims. It returns the number of sessions
-// deleted.
+// gcBatch bounds the sessions one GC transaction deletes.
+const gcBatch = 1000
+
+// CollectGarbage deletes every session whose deadline passed more than
+// Config.GCGracePeriod ago, first recording Abandoned history (with each
+// claim's id) for each of their claims. It returns the number of sessions
+// deleted. It works in transactions of up to gcBatch sessions, until none
+// is left or ctx ends.
 //
 // Every live Session runs it every Config.GCPeriod; operators may run it at
 // any time. It is idempotent and safe to run from many components at once:
-// concurrent runs serialise, and a claim is recorded Abandoned once.
+// concurrent runs serialise on the session rows, and a claim is recorded
+// Abandoned once. A transaction of an expired session still open on the
+// server (a stalled client) holds its session row: GC waits for it, at most
+// lock_timeout, and that session is collected by a later run.
 func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 	grace := c.cfg.GCGracePeriod.Seconds()
-	var deleted int64
-	var abandoned []string
-	err := c.transact(ctx, func(tx *Tx) error {
-		var err error
-		abandoned, err = tx.q.WorkAbandonOfExpiredSessions(ctx, grace)
+	var total int64
+	for {
+		var deleted int64
+		var abandoned []string
+		err := c.transact(ctx, func(tx *Tx) error {
+			ids, err := tx.q.SessionLockExpired(ctx, model.SessionLockExpiredParams{GraceSeconds: grace, RowLimit: gcBatch})
+			if err != nil {
+				return fmt.Errorf("bmdb: locking expired sessions: %w", err)
+			}
+			abandoned, deleted, err = supersede(ctx, tx, ids)
+			return err
+		})
 		if err != nil {
-			return fmt.Errorf("bmdb: abandoning work of expired sessions: %w", err)
+			return total, err
 		}
-		deleted, err = tx.q.SessionDeleteExpired(ctx, grace)
-		if err != nil {
-			return fmt.Errorf("bmdb: deleting expired sessions: %w", err)
-		}
-		return nil
-	})
-	if err == nil {
+		total += deleted
 		c.metrics.workEvents(abandoned, model.WorkHistoryEventAbandoned)
+		if deleted < gcBatch {
+			return total, nil
+		}
 	}
-	return deleted, err
+}
+
+// supersede deletes the given expired sessions, locked by tx, after ending
+// their claims as Abandoned, and returns the processes of those claims and
+// the number of sessions deleted. Deleting a session row is what orders a
+// takeover or GC after every transaction of that session (they hold it with
+// FOR KEY SHARE) or aborts them.
+func supersede(ctx context.Context, tx *Tx, sessions []uuid.UUID) ([]string, int64, error) {
+	if len(sessions) == 0 {
+		return nil, 0, nil
+	}
+	abandoned, err := tx.q.WorkAbandonOfSessions(ctx, sessions)
+	if err != nil {
+		return nil, 0, fmt.Errorf("bmdb: abandoning work of expired sessions: %w", err)
+	}
+	deleted, err := tx.q.SessionDeleteMany(ctx, sessions)
+	if err != nil {
+		return nil, 0, fmt.Errorf("bmdb: deleting expired sessions: %w", err)
+	}
+	return abandoned, deleted, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -15,6 +16,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(childModeEnv); mode != "" {
+		os.Exit(runChild(mode))
+	}
 	testdb.Main(m, func(ctx context.Context, dsn string) error {
 		c, err := Open(ctx, Config{DSN: dsn, ComponentName: "testdb"})
 		if err != nil {

@@ -36,10 +36,19 @@ type Session struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 
+	// lifetime is how long after the start of a successful heartbeat the
+	// session counts itself alive: the interval, less the clock margin on
+	// CockroachDB.
+	lifetime time.Duration
+
 	// localDeadline is when the session is dead by the local monotonic
-	// clock: one interval after the start of the last successful heartbeat.
+	// clock: lifetime after the start of the last successful heartbeat.
 	// The database never expires it earlier.
 	localDeadline atomic.Pointer[time.Time]
+	// expiry fires at the local deadline and ends the session unless a
+	// heartbeat moved the deadline meanwhile, whatever the heartbeat
+	// goroutine is doing.
+	expiry *time.Timer
 
 	closeOnce sync.Once
 	closeErr  error
@@ -68,11 +77,14 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 		conn:     c,
 		id:       id,
 		interval: c.cfg.SessionInterval,
+		lifetime: c.sessionLifetime(),
 		ctx:      sctx,
 		cancel:   cancel,
 		done:     make(chan struct{}),
 	}
-	s.setLocalDeadline(start.Add(s.localLifetime()))
+	s.setLocalDeadline(start.Add(s.lifetime))
+	s.expiry = time.AfterFunc(time.Hour, s.expireLocally)
+	s.expiry.Reset(time.Until(*s.localDeadline.Load()))
 	c.metrics.sessionsStarted.Inc()
 	go s.heartbeat()
 	klog.V(1).Infof("bmdb: session %s of %q started (interval %v)", id, c.cfg.ComponentName, s.interval)
@@ -92,15 +104,14 @@ func (s *Session) Context() context.Context { return s.ctx }
 // heartbeat goroutine has exited.
 func (s *Session) Done() <-chan struct{} { return s.done }
 
-// Err returns nil while the session is alive, and after Done is closed why
-// it ended: ErrSessionClosed, or an error wrapping ErrSessionExpired.
+// Err returns nil while the session is alive, and once it has ended (its
+// Context is done; Done may still be closing) why: ErrSessionClosed, or an
+// error wrapping ErrSessionExpired.
 func (s *Session) Err() error {
-	select {
-	case <-s.done:
-		return context.Cause(s.ctx)
-	default:
+	if s.ctx.Err() == nil {
 		return nil
 	}
+	return context.Cause(s.ctx)
 }
 
 // Close ends the session: it stops the heartbeat goroutine and waits for it,
@@ -157,9 +168,24 @@ func (s *Session) alive() error {
 		return context.Cause(s.ctx)
 	}
 	if !time.Now().Before(*s.localDeadline.Load()) {
-		return fmt.Errorf("%w: no successful heartbeat for %v", ErrSessionExpired, s.interval)
+		return s.expiredLocally()
 	}
 	return nil
+}
+
+// expiredLocally is the error of a session past its local deadline.
+func (s *Session) expiredLocally() error {
+	return fmt.Errorf("%w: no successful heartbeat for %v (local deadline)", ErrSessionExpired, s.lifetime)
+}
+
+// expireLocally runs when the expiry timer fires: it ends the session if
+// the local deadline has passed, and otherwise waits for the new one.
+func (s *Session) expireLocally() {
+	if left := time.Until(*s.localDeadline.Load()); left > 0 {
+		s.expiry.Reset(left)
+		return
+	}
+	s.cancel(s.expiredLocally())
 }
 
 // expire ends the session because the database says it has expired.
@@ -168,24 +194,6 @@ func (s *Session) expire() {
 }
 
 func (s *Session) setLocalDeadline(t time.Time) { s.localDeadline.Store(&t) }
-
-// CockroachClockMargin is how much earlier than one interval after a
-// heartbeat a session on CockroachDB counts itself dead: there now() is a
-// node's hybrid logical clock, which may run ahead of real time by up to the
-// cluster's maximum offset (500 ms by default), so another node may see the
-// deadline pass early. On PostgreSQL, one clock decides and no margin is
-// needed.
-const CockroachClockMargin = 500 * time.Millisecond
-
-// localLifetime is how long after the start of a successful heartbeat the
-// session counts itself alive: the interval, less the clock margin on
-// CockroachDB (at most a quarter of the interval).
-func (s *Session) localLifetime() time.Duration {
-	if s.conn.engine != engineCockroach {
-		return s.interval
-	}
-	return s.interval - min(CockroachClockMargin, s.interval/4)
-}
 
 // Transact runs fn in a SERIALIZABLE transaction that first checks, on the
 // database clock, that the session is alive; an expired session returns an
@@ -231,7 +239,16 @@ func (s *Session) transactGated(ctx context.Context, enter gate, fn func(tx *Tx)
 		if hook := s.conn.hooks.afterSessionCheck; hook != nil {
 			hook(s.id)
 		}
-		return fn(tx)
+		if err := fn(tx); err != nil {
+			return err
+		}
+		if err := s.checkBeforeCommit(ctx, tx); err != nil {
+			return err
+		}
+		if hook := s.conn.hooks.beforeCommit; hook != nil {
+			hook(s.id)
+		}
+		return nil
 	})
 }
 
@@ -255,7 +272,8 @@ func (s *Session) claimTransact(ctx context.Context, priority int, fn func(tx *T
 	}, fn)
 }
 
-// check verifies inside tx that the session is alive on the database clock.
+// check verifies inside tx that the session is alive on the database clock,
+// and keeps its row from being deleted (a takeover or GC) until tx ends.
 func (s *Session) check(ctx context.Context, tx *Tx) error {
 	_, err := tx.q.SessionCheck(ctx, s.id)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -264,6 +282,41 @@ func (s *Session) check(ctx context.Context, tx *Tx) error {
 	}
 	if err != nil {
 		return fmt.Errorf("bmdb: checking session: %w", err)
+	}
+	return nil
+}
+
+// errStaleLease means a transaction outlived the session deadline its
+// snapshot saw, while later heartbeats kept the session alive: it is run
+// again, with a new snapshot.
+var errStaleLease = errors.New("bmdb: transaction outlived the session deadline it saw")
+
+// checkBeforeCommit is the last liveness check, right before COMMIT: the
+// local deadline first, then the database clock, which also lowers the
+// server's idle-in-transaction timeout to the time the session has left.
+// So a transaction that passes it commits within one round trip, or, if
+// the client stalls before COMMIT, is ended by the server at the deadline:
+// no transaction of a session commits after its deadline.
+func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	left := time.Until(*s.localDeadline.Load())
+	maxIdle := min(left, s.conn.settings.idleInTransaction)
+	_, err := tx.q.SessionCheckBeforeCommit(ctx, model.SessionCheckBeforeCommitParams{
+		SessionID: s.id, MaxIdleMs: max(maxIdle.Milliseconds(), 1),
+	})
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		// The deadline this transaction's snapshot holds has passed, but
+		// the local one (never later than the database's) has not: a
+		// heartbeat extended the session after the snapshot was taken.
+		if err := s.alive(); err != nil {
+			return err
+		}
+		return errStaleLease
+	case err != nil:
+		return fmt.Errorf("bmdb: checking session before commit: %w", err)
 	}
 	return nil
 }
@@ -277,7 +330,8 @@ func (s *Session) heartbeat() {
 			s.conn.metrics.sessionsExpired.Inc()
 		}
 	}()
-	poke := time.NewTimer(s.interval / 2)
+	defer s.expiry.Stop()
+	poke := time.NewTimer(s.lifetime / 2)
 	defer poke.Stop()
 	gc := time.NewTimer(jitterGCPeriod(s.conn.cfg.GCPeriod))
 	defer gc.Stop()
@@ -293,7 +347,7 @@ func (s *Session) heartbeat() {
 				s.cancel(err)
 				return
 			}
-			poke.Reset(time.Until(s.localDeadline.Load().Add(-s.interval / 2)))
+			poke.Reset(time.Until(s.localDeadline.Load().Add(-s.lifetime / 2)))
 		case <-gc.C:
 			s.collectGarbage()
 			gc.Reset(jitterGCPeriod(s.conn.cfg.GCPeriod))
@@ -310,12 +364,12 @@ func (s *Session) poke() error {
 		deadline := *s.localDeadline.Load()
 		start := time.Now()
 		if !start.Before(deadline) {
-			return fmt.Errorf("%w: no successful heartbeat for %v", ErrSessionExpired, s.interval)
+			return s.expiredLocally()
 		}
 		extended, err := s.pokeOnce(deadline)
 		switch {
 		case err == nil && extended:
-			s.setLocalDeadline(start.Add(s.localLifetime()))
+			s.setLocalDeadline(start.Add(s.lifetime))
 			s.conn.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds())
 			return nil
 		case err == nil:

@@ -34,24 +34,34 @@ func (t *Tx) Queries() *model.Queries { return t.q }
 // back: bmdb does.
 func (t *Tx) DBTX() model.DBTX { return t.tx }
 
-// Retry delays between whole-transaction attempts on PostgreSQL: the n-th
-// retry waits between half and all of min(txRetryBase*2^(n-1), txRetryCap).
+// Retry delays between attempts: the n-th retry waits between half and all
+// of min(txRetryBase*2^(n-1), txRetryCap).
 const (
 	txRetryBase = 2 * time.Millisecond
 	txRetryCap  = 250 * time.Millisecond
 )
 
+// cockroachRestartsPerTx bounds the savepoint restarts of one CockroachDB
+// transaction; after them the next attempt is a new transaction. On
+// CockroachDB a restart keeps the transaction's priority, so it is tried
+// first; on PostgreSQL (cockroach mode) a real serialization failure keeps
+// failing inside the same transaction, so the budget is small.
+const cockroachRestartsPerTx = 3
+
 var serializable = &sql.TxOptions{Isolation: sql.LevelSerializable}
 
 // transact runs fn in a SERIALIZABLE transaction and commits it, retrying on
-// serialization failures (SQLSTATE 40001, 40P01) until MaxTxAttempts.
+// serialization failures (SQLSTATE 40001, 40P01), lock timeouts (55P03) and
+// connection failures before COMMIT, until MaxTxAttempts attempts.
 //
-// On CockroachDB it uses crdb.ExecuteTx, which restarts the transaction in
-// place at a savepoint. On PostgreSQL that is futile (the restarted
-// transaction keeps its snapshot and fails again) and unsafe (crdb ignores a
-// 40001 raised by the final COMMIT), so there each attempt is a new
-// transaction, and a 40001 from COMMIT is retried like any other, after a
-// jittered, capped wait.
+// On CockroachDB an attempt restarts the transaction in place at a
+// savepoint (crdb.ExecuteInTx); every attempt's checks use the statement's
+// clock, since now() keeps its value across restarts there. On PostgreSQL
+// such a restart is futile (the transaction keeps its snapshot and fails
+// again) and unsafe (crdb ignores a 40001 raised by the final COMMIT), so
+// each attempt is a new transaction, and a 40001 from COMMIT is retried like
+// any other. Either way, attempts are separated by a jittered, capped,
+// growing wait.
 func (c *Connection) transact(ctx context.Context, fn func(*Tx) error) error {
 	return c.transactGated(ctx, nil, fn)
 }
@@ -61,53 +71,73 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error) error {
 // holds nothing across the waits between attempts.
 type gate func(ctx context.Context) (release func(), err error)
 
+// attempts counts the attempts of one transaction and keeps the last
+// retryable error, across savepoint restarts and new transactions.
+type attempts struct {
+	n, max int
+	last   error
+}
+
 // transactGated is transact with each attempt admitted by enter (nil: no
 // gate).
 func (c *Connection) transactGated(ctx context.Context, enter gate, fn func(*Tx) error) error {
 	if c.closed.Load() {
 		return ErrConnectionClosed
 	}
-	attempt := func(run func() error) error {
-		if enter == nil {
-			return run()
-		}
-		release, err := enter(ctx)
-		if err != nil {
-			return err
-		}
-		defer release()
-		return run()
-	}
+	run := c.attemptPostgres
 	if c.engine == engineCockroach {
-		return c.retry(ctx, func() error { return attempt(func() error { return c.attemptCockroach(ctx, fn) }) })
+		run = c.attemptCockroach
 	}
-	return c.retry(ctx, func() error { return attempt(func() error { return c.attemptPostgres(ctx, fn) }) })
+	return c.retry(ctx, func(a *attempts) error {
+		if enter != nil {
+			release, err := enter(ctx)
+			if err != nil {
+				return err
+			}
+			defer release()
+		}
+		return run(ctx, a, fn)
+	})
 }
 
 // retry runs attempt until it succeeds, fails for good, or MaxTxAttempts
-// attempts have failed with serialization or connection errors, waiting a
-// jittered, capped, growing delay between attempts.
-func (c *Connection) retry(ctx context.Context, attempt func() error) error {
-	for n := 1; ; n++ {
-		err := attempt()
+// attempts have failed with retryable errors, waiting between attempts.
+func (c *Connection) retry(ctx context.Context, attempt func(*attempts) error) error {
+	a := &attempts{max: c.cfg.MaxTxAttempts}
+	for waits := 1; ; waits++ {
+		err := attempt(a)
 		if err == nil || ctx.Err() != nil || errors.Is(err, ErrRetriesExhausted) {
 			return err
 		}
+		var restart *restartError
 		switch {
-		case isRetryable(err):
+		case errors.As(err, &restart):
+			// counted where it happened
+		case retryable(err):
 			c.countRetry(retrySerialization)
 		case errors.Is(err, errConnectionBeforeCommit):
 			c.countRetry(retryConnection)
 		default:
 			return err
 		}
-		if n >= c.cfg.MaxTxAttempts {
-			return &RetriesExhaustedError{Attempts: n, Last: err}
+		a.last = err
+		if restart != nil {
+			a.last = restart.last
 		}
-		if err := wait.Sleep(ctx, retryDelay(n)); err != nil {
+		if a.n >= a.max {
+			return &RetriesExhaustedError{Attempts: a.n, Last: a.last}
+		}
+		if err := wait.Sleep(ctx, retryDelay(waits)); err != nil {
 			return fmt.Errorf("bmdb: waiting to retry transaction: %w", err)
 		}
 	}
+}
+
+// retryable reports whether err allows running the whole transaction
+// again: a serialization failure, a lock timeout, or a lease whose deadline
+// the transaction's snapshot had not seen extended.
+func retryable(err error) bool {
+	return isRetryable(err) || errors.Is(err, errStaleLease)
 }
 
 // errConnectionBeforeCommit marks a connection failure before COMMIT was
@@ -117,7 +147,8 @@ var errConnectionBeforeCommit = errors.New("bmdb: connection failed before commi
 // attemptPostgres runs one whole transaction: BEGIN, fn, COMMIT. A
 // connection failure before COMMIT comes back marked with
 // errConnectionBeforeCommit; one during COMMIT as ErrAmbiguousCommit.
-func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) error {
+func (c *Connection) attemptPostgres(ctx context.Context, a *attempts, fn func(*Tx) error) error {
+	a.n++
 	c.countAttempt()
 	tx, err := c.db.BeginTx(ctx, serializable)
 	if err != nil {
@@ -127,19 +158,31 @@ func (c *Connection) attemptPostgres(ctx context.Context, fn func(*Tx) error) er
 		_ = tx.Rollback() // the error that matters is fn's
 		return markConnection(contextError(ctx, err))
 	}
-	commit := tx.Commit
-	if hook := c.hooks.commit; hook != nil {
-		commit = func() error { return hook(tx) }
-	}
-	if err := commit(); err != nil {
-		if isRetryable(err) {
-			c.stats.txCommitRetries.Add(1)
-		} else if isConnectionError(err) {
-			return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
-		}
-		return fmt.Errorf("bmdb: committing transaction: %w", contextError(ctx, err))
+	if err := c.commit(tx); err != nil {
+		return c.commitError(ctx, err)
 	}
 	return nil
+}
+
+// commit commits tx (through the test hook, if set).
+func (c *Connection) commit(tx *sql.Tx) error {
+	if hook := c.hooks.commit; hook != nil {
+		return hook(tx)
+	}
+	return tx.Commit()
+}
+
+// commitError classifies an error of COMMIT on PostgreSQL: a serialization
+// failure is retried; a lost connection or 40003 leaves the outcome
+// unknown.
+func (c *Connection) commitError(ctx context.Context, err error) error {
+	switch {
+	case isRetryable(err):
+		c.stats.txCommitRetries.Add(1)
+	case isConnectionError(err) || sqlState(err) == codeStatementCompletionUnknown:
+		return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
+	}
+	return fmt.Errorf("bmdb: committing transaction: %w", contextError(ctx, err))
 }
 
 // markConnection marks err with errConnectionBeforeCommit if it is a
@@ -151,46 +194,107 @@ func markConnection(err error) error {
 	return err
 }
 
-// attemptCockroach runs fn with crdb.ExecuteTx, which retries
-// serialization failures in place (savepoint restarts); connection failures
-// before the commit come back marked for the retry loop around it.
-func (c *Connection) attemptCockroach(ctx context.Context, fn func(*Tx) error) error {
-	attempts := 0
-	var last error // the last serialization failure
-	// crdb counts retries, and takes 0 for "no limit": allow one more
-	// than needed and stop in the callback.
-	err := crdb.ExecuteTx(crdb.WithMaxRetries(ctx, c.cfg.MaxTxAttempts), c.db, serializable,
-		func(tx *sql.Tx) error {
-			attempts++
-			if attempts > c.cfg.MaxTxAttempts {
+// restartError ends a CockroachDB transaction whose savepoint restarts are
+// used up, so that the next attempt is a new transaction. It wraps no
+// database error, so that crdb does not retry it in place.
+type restartError struct{ last error }
+
+func (e *restartError) Error() string {
+	return fmt.Sprintf("bmdb: restarting transaction anew after %v", e.last)
+}
+
+// attemptCockroach runs fn in one transaction with crdb.ExecuteInTx, which
+// restarts it in place (ROLLBACK TO SAVEPOINT) on serialization failures,
+// after a jittered wait, up to cockroachRestartsPerTx times. A failure at
+// RELEASE (CockroachDB's commit point) is retried like any other; one that
+// leaves the outcome unknown returns ErrAmbiguousCommit. On a PostgreSQL
+// server (cockroach mode) RELEASE commits nothing, so COMMIT's error, which
+// crdb ignores, is classified as attemptPostgres does.
+func (c *Connection) attemptCockroach(ctx context.Context, a *attempts, fn func(*Tx) error) error {
+	tx, err := c.db.BeginTx(ctx, serializable)
+	if err != nil {
+		a.n++
+		c.countAttempt()
+		return markConnection(fmt.Errorf("bmdb: beginning transaction: %w", contextError(ctx, err)))
+	}
+	adapter := &crdbTx{tx: tx, c: c}
+	restarts := 0
+	err = crdb.ExecuteInTx(ctx, adapter, func() error {
+		if restarts > 0 {
+			a.last = adapter.failure
+			c.countRetry(retrySerialization)
+			if adapter.releaseFailed {
+				c.stats.txCommitRetries.Add(1)
+			}
+			if a.n >= a.max {
 				return errAttemptsExceeded
 			}
-			c.countAttempt()
-			if attempts > 1 {
-				c.countRetry(retrySerialization)
+			if restarts >= cockroachRestartsPerTx {
+				return &restartError{last: a.last}
 			}
-			err := fn(c.newTx(tx))
-			if isRetryable(err) {
-				last = err
+			if err := wait.Sleep(ctx, retryDelay(restarts)); err != nil {
+				return fmt.Errorf("bmdb: waiting to retry transaction: %w", err)
 			}
-			return err
-		})
-	var maxRetries *crdb.MaxRetriesExceededError
+		}
+		restarts++
+		a.n++
+		c.countAttempt()
+		adapter.releaseFailed = false
+		err := fn(c.newTx(tx))
+		if isRetryable(err) {
+			adapter.failure = err
+		}
+		return err
+	})
 	var ambiguous *crdb.AmbiguousCommitError
 	switch {
-	case errors.Is(err, errAttemptsExceeded):
-		return &RetriesExhaustedError{Attempts: c.cfg.MaxTxAttempts, Last: last}
-	case errors.As(err, &maxRetries):
-		return &RetriesExhaustedError{Attempts: attempts, Last: errors.Unwrap(maxRetries)}
+	case err == nil && adapter.commitErr != nil && c.onPostgres:
+		return c.commitError(ctx, adapter.commitErr)
+	case err == nil:
+		return nil
 	case errors.As(err, &ambiguous) || sqlState(err) == codeStatementCompletionUnknown:
 		return fmt.Errorf("%w: %w", ErrAmbiguousCommit, err)
+	}
+	if errors.Is(err, errAttemptsExceeded) {
+		return &RetriesExhaustedError{Attempts: a.n, Last: a.last}
+	}
+	var restart *restartError
+	if errors.As(err, &restart) {
+		return err
 	}
 	return markConnection(contextError(ctx, err))
 }
 
-// errAttemptsExceeded stops crdb.ExecuteTx after MaxTxAttempts attempts. It
-// wraps no database error, so crdb does not retry it.
+// errAttemptsExceeded stops crdb.ExecuteInTx after MaxTxAttempts attempts.
+// It wraps no database error, so that crdb does not retry it.
 var errAttemptsExceeded = errors.New("bmdb: transaction attempts exceeded")
+
+// crdbTx adapts *sql.Tx to crdb.Tx, and remembers what crdb does not
+// report: why RELEASE failed (CockroachDB's commit point) and COMMIT's
+// error.
+type crdbTx struct {
+	tx *sql.Tx
+	c  *Connection
+
+	failure       error // the last retryable error of the callback or RELEASE
+	releaseFailed bool  // the last failure came from RELEASE
+	commitErr     error
+}
+
+func (t *crdbTx) Exec(ctx context.Context, query string, args ...any) error {
+	_, err := t.tx.ExecContext(ctx, query, args...)
+	if err != nil && query == sqlRelease && isRetryable(err) {
+		t.failure, t.releaseFailed = err, true
+	}
+	return err
+}
+
+func (t *crdbTx) Commit(context.Context) error {
+	t.commitErr = t.c.commit(t.tx)
+	return t.commitErr
+}
+
+func (t *crdbTx) Rollback(context.Context) error { return t.tx.Rollback() }
 
 func (c *Connection) countAttempt() {
 	c.stats.txAttempts.Add(1)
@@ -222,8 +326,7 @@ func retryDelay(attempt int) time.Duration {
 }
 
 // contextError adds ctx's cause to err when ctx is done, so that a query
-// aborted by cancellation (lib/pq reports "canceling statement") reads and
-// matches (errors.Is) as what it is.
+// aborted by cancellation reads and matches (errors.Is) as what it is.
 func contextError(ctx context.Context, err error) error {
 	if err == nil || ctx.Err() == nil {
 		return err

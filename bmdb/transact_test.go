@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/lib/pq"
 )
 
@@ -70,12 +72,13 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 	e.exec("CREATE TABLE oncall (doctor TEXT PRIMARY KEY, on_call BOOL NOT NULL)")
 	e.exec("INSERT INTO oncall VALUES ('alice', true), ('bob', true)")
 	c := e.open()
-	s := e.session(c)
+	sessions := map[string]*Session{"alice": e.session(c), "bob": e.session(c)}
 
 	// Each doctor goes off call if someone else stays on call: serially,
 	// exactly one of them can. Both read, then both write, then alice
-	// commits, then bob does: bob's COMMIT is where PostgreSQL finds the
-	// write skew.
+	// commits, then bob does: bob's COMMIT (after its last session check,
+	// which ran before alice committed) is where PostgreSQL finds the write
+	// skew.
 	read := map[string]chan struct{}{"alice": make(chan struct{}), "bob": make(chan struct{})}
 	aliceDone := make(chan struct{})
 	wait := func(ch chan struct{}) error {
@@ -86,9 +89,15 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 			return errors.New("test coordination timed out")
 		}
 	}
-	goOff := func(me, other string, beforeCommit func() error) error {
+	var bobHeld atomic.Bool
+	c.hooks.beforeCommit = func(id uuid.UUID) {
+		if id == sessions["bob"].ID() && bobHeld.CompareAndSwap(false, true) {
+			_ = wait(aliceDone)
+		}
+	}
+	goOff := func(me, other string, afterWrite func() error) error {
 		attempt := 0
-		return s.Transact(context.Background(), func(tx *Tx) error {
+		return sessions[me].Transact(context.Background(), func(tx *Tx) error {
 			attempt++
 			ctx := context.Background()
 			var on int
@@ -107,8 +116,8 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 			if _, err := tx.DBTX().ExecContext(ctx, "UPDATE oncall SET on_call = false WHERE doctor = $1", me); err != nil {
 				return err
 			}
-			if attempt == 1 && beforeCommit != nil {
-				return beforeCommit()
+			if attempt == 1 {
+				return afterWrite()
 			}
 			return nil
 		})
@@ -123,7 +132,7 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 	go func() {
 		errs <- goOff("bob", "alice", func() error {
 			close(bobWrote)
-			return wait(aliceDone)
+			return nil
 		})
 	}()
 	for range 2 {

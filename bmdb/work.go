@@ -34,6 +34,7 @@ type Work struct {
 	machine uuid.UUID
 	process string
 	claimID uuid.UUID // the claim's identity in the work table
+	token   int64     // the claim's fencing token
 
 	mu    sync.Mutex
 	ended bool
@@ -49,16 +50,30 @@ func (w *Work) Process() string { return w.process }
 func (w *Work) Session() *Session { return w.s }
 
 // ClaimID returns the claim's identity: work.claim_id, and the claim_id of
-// its history rows.
+// every history row of the claim, the Abandoned or Canceled rows that
+// takeovers, GC and Session.Close write included.
 func (w *Work) ClaimID() uuid.UUID { return w.claimID }
+
+// FencingToken returns the claim's fencing token: a number that grows with
+// every claim of the same (machine, process), whichever session takes it,
+// and is recorded in the claim's Started history row. Pass it along with
+// every effect of the work outside the database (a BMC, an installer's API,
+// an object store) and have that system refuse a token lower than the
+// highest it has seen: then a worker that lost its claim (it stalled, its
+// session expired, another took the machine over) cannot overwrite what
+// the newer claim did, even though it may still be running. See the
+// package example of fencing.
+func (w *Work) FencingToken() int64 { return w.token }
 
 // Work claims a machine for process. In one transaction (see Transact) it
 // runs retrieve, which returns candidate machine ids in order of preference,
 // and claims the first candidate that is neither claimed for process nor in
 // backoff for it, recording a Started history row. If there is none, a claim
-// left by an expired session does not block: the first such candidate's
-// claim is removed, recorded as Abandoned, and taken over in the same
-// transaction.
+// left by an expired session does not block: the same transaction deletes
+// that session, recording each of its claims as Abandoned, and takes the
+// first such candidate over. Deleting the session is what fences it: every
+// transaction of a session holds its row, so one still open (a stalled or
+// partitioned worker) either commits before the takeover or not at all.
 //
 // retrieve should read only; it may run several times (see Transact). It
 // usually selects machines whose tags say they need the process and that
@@ -84,6 +99,7 @@ func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx
 type claim struct {
 	machine uuid.UUID
 	id      uuid.UUID // work.claim_id: what Finish, Cancel and Fail fence on
+	token   int64     // its fencing token
 }
 
 // claimBatch is Work and WorkBatch: it claims up to limit candidates in one
@@ -97,13 +113,13 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 	}
 	start := time.Now()
 	var claims []claim
-	var tookOver bool
+	var abandoned []string
 	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
 		candidates, err := retrieve(tx)
 		if err != nil {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
 		}
-		claims, tookOver, err = s.claimCandidates(ctx, tx, process, candidates, limit)
+		claims, abandoned, err = s.claimCandidates(ctx, tx, process, candidates, limit)
 		return err
 	})
 	if errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0 {
@@ -116,12 +132,10 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		}
 		return nil, err
 	}
-	if tookOver {
-		metrics.workEvent(process, model.WorkHistoryEventAbandoned)
-	}
+	metrics.workEvents(abandoned, model.WorkHistoryEventAbandoned)
 	works := make([]*Work, len(claims))
 	for i, c := range claims {
-		works[i] = &Work{s: s, machine: c.machine, process: process, claimID: c.id}
+		works[i] = &Work{s: s, machine: c.machine, process: process, claimID: c.id, token: c.token}
 		metrics.workEvent(process, model.WorkHistoryEventStarted)
 		metrics.claimed(process, time.Since(start).Seconds())
 	}
@@ -168,7 +182,8 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, cl
 }
 
 // claimCandidates claims up to limit candidates inside tx, in order, and
-// reports whether it took a claim over from an expired session.
+// returns the processes of the claims it ended as Abandoned to take one
+// over from an expired session.
 //
 // The first pass only inserts (WorkClaimMany), which reads no work row: on
 // PostgreSQL an uncontended claim then takes no SERIALIZABLE read lock on
@@ -176,7 +191,7 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, cl
 // not abort each other through it. Only if no candidate could be claimed
 // does the second pass read the claims' state, to take over one held by an
 // expired session or to tell a conflict from backoff.
-func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]claim, bool, error) {
+func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]claim, []string, error) {
 	candidates = distinct(candidates)
 	var claimed []claim
 	// Claim in chunks of what is still missing: one statement when nothing
@@ -186,18 +201,18 @@ func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, c
 		rest = rest[len(chunk):]
 		got, err := s.claimMany(ctx, tx, process, chunk)
 		if err != nil {
-			return nil, false, err
+			return nil, nil, err
 		}
 		claimed = append(claimed, got...)
 	}
 	if len(claimed) > 0 {
-		return claimed, false, nil
+		return claimed, nil, nil
 	}
-	c, err := s.takeOverFirst(ctx, tx, process, candidates)
+	c, abandoned, err := s.takeOverFirst(ctx, tx, process, candidates)
 	if err != nil {
-		return nil, false, err
+		return nil, nil, err
 	}
-	return []claim{c}, true, nil
+	return []claim{c}, abandoned, nil
 }
 
 // claimMany runs WorkClaimMany on machines and returns the claims made, in
@@ -212,14 +227,14 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 	if err != nil {
 		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
 	}
-	ids := make(map[uuid.UUID]uuid.UUID, len(rows))
+	byMachine := make(map[uuid.UUID]claim, len(rows))
 	for _, r := range rows {
-		ids[r.MachineID] = r.ClaimID.UUID
+		byMachine[r.MachineID] = claim{machine: r.MachineID, id: r.ClaimID.UUID, token: r.FencingToken.Int64}
 	}
 	var claimed []claim
 	for _, m := range machines {
-		if id, ok := ids[m]; ok {
-			claimed = append(claimed, claim{machine: m, id: id})
+		if c, ok := byMachine[m]; ok {
+			claimed = append(claimed, c)
 		}
 	}
 	return claimed, nil
@@ -242,13 +257,14 @@ func distinct(ids []uuid.UUID) []uuid.UUID {
 }
 
 // takeOverFirst takes over the first candidate whose claim is held by an
-// expired session, or says why no candidate can be claimed.
-func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, error) {
+// expired session, or says why no candidate can be claimed. It returns the
+// processes of the claims it ended as Abandoned.
+func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, []string, error) {
 	conflict := false
 	for _, machine := range candidates {
 		state, err := tx.q.WorkClaimState(ctx, model.WorkClaimStateParams{MachineID: machine, Process: process})
 		if err != nil {
-			return claim{}, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
+			return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
 		}
 		switch {
 		case state.InBackoff:
@@ -257,47 +273,65 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 			conflict = true
 			continue
 		}
-		if err := s.takeOver(ctx, tx, machine, process); err != nil {
-			return claim{}, err
-		}
-		id, err := s.start(ctx, tx, machine, process)
+		abandoned, err := s.takeOver(ctx, tx, process, machine, state.Holder)
 		if err != nil {
-			return claim{}, err
+			return claim{}, nil, err
 		}
-		return claim{machine: machine, id: id}, nil
+		if abandoned == nil { // the holder came back to life, or went: try the next
+			conflict = true
+			continue
+		}
+		c, err := s.start(ctx, tx, machine, process)
+		if err != nil {
+			return claim{}, nil, err
+		}
+		return c, abandoned, nil
 	}
 	if conflict {
-		return claim{}, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		return claim{}, nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
-	return claim{}, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	return claim{}, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
-// takeOver removes the claim of an expired session, recording Abandoned.
-func (s *Session) takeOver(ctx context.Context, tx *Tx, machine uuid.UUID, process string) error {
-	_, err := tx.q.WorkAbandonExpired(ctx, model.WorkAbandonExpiredParams{MachineID: machine, Process: process})
+// takeOver supersedes the expired session holding (machine, process): it
+// locks the session row (waiting for that session's open transactions,
+// which hold it), ends all its claims as Abandoned and deletes it. It
+// returns the processes of the claims ended, or nil if holder is alive or
+// gone by now.
+func (s *Session) takeOver(ctx context.Context, tx *Tx, process string, machine, holder uuid.UUID) ([]string, error) {
+	_, err := tx.q.SessionLockIfExpired(ctx, holder)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
 	if err != nil {
-		return fmt.Errorf("bmdb: Work(%q): taking over %s: %w", process, machine, err)
+		return nil, fmt.Errorf("bmdb: Work(%q): taking %s over from session %s: %w", process, machine, holder, err)
 	}
-	return nil
+	abandoned, _, err := supersede(ctx, tx, []uuid.UUID{holder})
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: Work(%q): taking %s over from session %s: %w", process, machine, holder, err)
+	}
+	if abandoned == nil {
+		abandoned = []string{}
+	}
+	return abandoned, nil
 }
 
-// start inserts the claim and its Started history row, and returns the
-// claim's id.
-func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (uuid.UUID, error) {
-	id, err := tx.q.WorkStart(ctx, model.WorkStartParams{
+// start inserts the claim, its Started history row and its fencing token.
+func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (claim, error) {
+	row, err := tx.q.WorkStart(ctx, model.WorkStartParams{
 		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	switch sqlState(err) {
 	case "":
 	case codeUniqueViolation:
-		return uuid.Nil, fmt.Errorf("%w (process %q, machine %s): %w", ErrWorkConflict, process, machine, err)
+		return claim{}, fmt.Errorf("%w (process %q, machine %s): %w", ErrWorkConflict, process, machine, err)
 	case codeForeignKeyViolation:
-		return uuid.Nil, fmt.Errorf("%w: %s (process %q): %w", ErrUnknownMachine, machine, process, err)
+		return claim{}, fmt.Errorf("%w: %s (process %q): %w", ErrUnknownMachine, machine, process, err)
 	}
 	if err != nil {
-		return uuid.Nil, fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
+		return claim{}, fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
 	}
-	return id.UUID, nil
+	return claim{machine: machine, id: row.ClaimID.UUID, token: row.FencingToken.Int64}, nil
 }
 
 // Finish ends the Work successfully: in one transaction it deletes the

@@ -41,6 +41,7 @@ import (
 	_ "github.com/lib/pq" // the harness's own connections
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/netproxy"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
@@ -275,7 +276,7 @@ func (h *harness) startFleet(dsn string) error {
 	}
 	h.fleet = &fleet{argv: h.cfg.WorkerCommand, logDir: logDir}
 	for id := range h.cfg.Workers {
-		proxy, err := NewProxy(u.Host)
+		proxy, err := netproxy.New(u.Host)
 		if err != nil {
 			return err
 		}

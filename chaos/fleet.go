@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/bmdb-dev/bmdb/internal/netproxy"
 )
 
 // Args returns the command-line flags that ParseWorkerFlags turns back into c.
@@ -63,7 +65,7 @@ type fleet struct {
 type proc struct {
 	cfg     WorkerConfig
 	appName string // application_name of its connections
-	proxy   *Proxy
+	proxy   *netproxy.Proxy
 	logPath string
 	log     *os.File // the harness's handle, for markers
 
@@ -108,7 +110,7 @@ func (f *fleet) start(w *proc) error {
 }
 
 // add creates worker slot cfg.ID and starts it.
-func (f *fleet) add(cfg WorkerConfig, appName string, proxy *Proxy) error {
+func (f *fleet) add(cfg WorkerConfig, appName string, proxy *netproxy.Proxy) error {
 	path := filepath.Join(f.logDir, fmt.Sprintf("worker-%d.log", cfg.ID))
 	log, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {

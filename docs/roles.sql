@@ -19,14 +19,14 @@ CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';
 GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON
-    machines, sessions, work, work_history, work_backoff,
+    machines, sessions, work, work_history, work_backoff, work_fencing,
     machine_provided, machine_agent_started, machine_os_installed
 TO bmdb_worker;
 -- work_history.id is a BIGSERIAL: PostgreSQL only (CockroachDB has no sequence
 -- for it; skip this line there).
 GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
 -- Components check the schema version on Open.
-GRANT SELECT ON schema_migrations TO bmdb_worker;
+GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
 GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_worker;
 
 GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_operator;

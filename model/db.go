@@ -33,6 +33,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.activeBackoffsListStmt, err = db.PrepareContext(ctx, activeBackoffsList); err != nil {
 		return nil, fmt.Errorf("error preparing query ActiveBackoffsList: %w", err)
 	}
+	if q.appSchemaCompatOldestStmt, err = db.PrepareContext(ctx, appSchemaCompatOldest); err != nil {
+		return nil, fmt.Errorf("error preparing query AppSchemaCompatOldest: %w", err)
+	}
 	if q.currentWorkCountsByProcessStmt, err = db.PrepareContext(ctx, currentWorkCountsByProcess); err != nil {
 		return nil, fmt.Errorf("error preparing query CurrentWorkCountsByProcess: %w", err)
 	}
@@ -111,14 +114,23 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.sessionCheckStmt, err = db.PrepareContext(ctx, sessionCheck); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionCheck: %w", err)
 	}
+	if q.sessionCheckBeforeCommitStmt, err = db.PrepareContext(ctx, sessionCheckBeforeCommit); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionCheckBeforeCommit: %w", err)
+	}
 	if q.sessionDeleteStmt, err = db.PrepareContext(ctx, sessionDelete); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionDelete: %w", err)
 	}
-	if q.sessionDeleteExpiredStmt, err = db.PrepareContext(ctx, sessionDeleteExpired); err != nil {
-		return nil, fmt.Errorf("error preparing query SessionDeleteExpired: %w", err)
+	if q.sessionDeleteManyStmt, err = db.PrepareContext(ctx, sessionDeleteMany); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionDeleteMany: %w", err)
 	}
 	if q.sessionGetStmt, err = db.PrepareContext(ctx, sessionGet); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionGet: %w", err)
+	}
+	if q.sessionLockExpiredStmt, err = db.PrepareContext(ctx, sessionLockExpired); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionLockExpired: %w", err)
+	}
+	if q.sessionLockIfExpiredStmt, err = db.PrepareContext(ctx, sessionLockIfExpired); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionLockIfExpired: %w", err)
 	}
 	if q.sessionPokeStmt, err = db.PrepareContext(ctx, sessionPoke); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionPoke: %w", err)
@@ -126,11 +138,8 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.sessionStartStmt, err = db.PrepareContext(ctx, sessionStart); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionStart: %w", err)
 	}
-	if q.workAbandonExpiredStmt, err = db.PrepareContext(ctx, workAbandonExpired); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkAbandonExpired: %w", err)
-	}
-	if q.workAbandonOfExpiredSessionsStmt, err = db.PrepareContext(ctx, workAbandonOfExpiredSessions); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkAbandonOfExpiredSessions: %w", err)
+	if q.workAbandonOfSessionsStmt, err = db.PrepareContext(ctx, workAbandonOfSessions); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkAbandonOfSessions: %w", err)
 	}
 	if q.workBackoffDeleteStmt, err = db.PrepareContext(ctx, workBackoffDelete); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffDelete: %w", err)
@@ -204,6 +213,11 @@ func (q *Queries) Close() error {
 	if q.activeBackoffsListStmt != nil {
 		if cerr := q.activeBackoffsListStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing activeBackoffsListStmt: %w", cerr)
+		}
+	}
+	if q.appSchemaCompatOldestStmt != nil {
+		if cerr := q.appSchemaCompatOldestStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing appSchemaCompatOldestStmt: %w", cerr)
 		}
 	}
 	if q.currentWorkCountsByProcessStmt != nil {
@@ -336,19 +350,34 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing sessionCheckStmt: %w", cerr)
 		}
 	}
+	if q.sessionCheckBeforeCommitStmt != nil {
+		if cerr := q.sessionCheckBeforeCommitStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionCheckBeforeCommitStmt: %w", cerr)
+		}
+	}
 	if q.sessionDeleteStmt != nil {
 		if cerr := q.sessionDeleteStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing sessionDeleteStmt: %w", cerr)
 		}
 	}
-	if q.sessionDeleteExpiredStmt != nil {
-		if cerr := q.sessionDeleteExpiredStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing sessionDeleteExpiredStmt: %w", cerr)
+	if q.sessionDeleteManyStmt != nil {
+		if cerr := q.sessionDeleteManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionDeleteManyStmt: %w", cerr)
 		}
 	}
 	if q.sessionGetStmt != nil {
 		if cerr := q.sessionGetStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing sessionGetStmt: %w", cerr)
+		}
+	}
+	if q.sessionLockExpiredStmt != nil {
+		if cerr := q.sessionLockExpiredStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionLockExpiredStmt: %w", cerr)
+		}
+	}
+	if q.sessionLockIfExpiredStmt != nil {
+		if cerr := q.sessionLockIfExpiredStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionLockIfExpiredStmt: %w", cerr)
 		}
 	}
 	if q.sessionPokeStmt != nil {
@@ -361,14 +390,9 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing sessionStartStmt: %w", cerr)
 		}
 	}
-	if q.workAbandonExpiredStmt != nil {
-		if cerr := q.workAbandonExpiredStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workAbandonExpiredStmt: %w", cerr)
-		}
-	}
-	if q.workAbandonOfExpiredSessionsStmt != nil {
-		if cerr := q.workAbandonOfExpiredSessionsStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workAbandonOfExpiredSessionsStmt: %w", cerr)
+	if q.workAbandonOfSessionsStmt != nil {
+		if cerr := q.workAbandonOfSessionsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workAbandonOfSessionsStmt: %w", cerr)
 		}
 	}
 	if q.workBackoffDeleteStmt != nil {
@@ -503,6 +527,7 @@ type Queries struct {
 	activeBackoffCountsByProcessStmt  *sql.Stmt
 	activeBackoffsForMachineStmt      *sql.Stmt
 	activeBackoffsListStmt            *sql.Stmt
+	appSchemaCompatOldestStmt         *sql.Stmt
 	currentWorkCountsByProcessStmt    *sql.Stmt
 	currentWorkForMachineStmt         *sql.Stmt
 	currentWorkForSessionStmt         *sql.Stmt
@@ -529,13 +554,15 @@ type Queries struct {
 	readableHistoryRecentFailuresStmt *sql.Stmt
 	schemaCompatOldestStmt            *sql.Stmt
 	sessionCheckStmt                  *sql.Stmt
+	sessionCheckBeforeCommitStmt      *sql.Stmt
 	sessionDeleteStmt                 *sql.Stmt
-	sessionDeleteExpiredStmt          *sql.Stmt
+	sessionDeleteManyStmt             *sql.Stmt
 	sessionGetStmt                    *sql.Stmt
+	sessionLockExpiredStmt            *sql.Stmt
+	sessionLockIfExpiredStmt          *sql.Stmt
 	sessionPokeStmt                   *sql.Stmt
 	sessionStartStmt                  *sql.Stmt
-	workAbandonExpiredStmt            *sql.Stmt
-	workAbandonOfExpiredSessionsStmt  *sql.Stmt
+	workAbandonOfSessionsStmt         *sql.Stmt
 	workBackoffDeleteStmt             *sql.Stmt
 	workBackoffDeleteManyStmt         *sql.Stmt
 	workBackoffForMachineStmt         *sql.Stmt
@@ -563,6 +590,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		activeBackoffCountsByProcessStmt:  q.activeBackoffCountsByProcessStmt,
 		activeBackoffsForMachineStmt:      q.activeBackoffsForMachineStmt,
 		activeBackoffsListStmt:            q.activeBackoffsListStmt,
+		appSchemaCompatOldestStmt:         q.appSchemaCompatOldestStmt,
 		currentWorkCountsByProcessStmt:    q.currentWorkCountsByProcessStmt,
 		currentWorkForMachineStmt:         q.currentWorkForMachineStmt,
 		currentWorkForSessionStmt:         q.currentWorkForSessionStmt,
@@ -589,13 +617,15 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		readableHistoryRecentFailuresStmt: q.readableHistoryRecentFailuresStmt,
 		schemaCompatOldestStmt:            q.schemaCompatOldestStmt,
 		sessionCheckStmt:                  q.sessionCheckStmt,
+		sessionCheckBeforeCommitStmt:      q.sessionCheckBeforeCommitStmt,
 		sessionDeleteStmt:                 q.sessionDeleteStmt,
-		sessionDeleteExpiredStmt:          q.sessionDeleteExpiredStmt,
+		sessionDeleteManyStmt:             q.sessionDeleteManyStmt,
 		sessionGetStmt:                    q.sessionGetStmt,
+		sessionLockExpiredStmt:            q.sessionLockExpiredStmt,
+		sessionLockIfExpiredStmt:          q.sessionLockIfExpiredStmt,
 		sessionPokeStmt:                   q.sessionPokeStmt,
 		sessionStartStmt:                  q.sessionStartStmt,
-		workAbandonExpiredStmt:            q.workAbandonExpiredStmt,
-		workAbandonOfExpiredSessionsStmt:  q.workAbandonOfExpiredSessionsStmt,
+		workAbandonOfSessionsStmt:         q.workAbandonOfSessionsStmt,
 		workBackoffDeleteStmt:             q.workBackoffDeleteStmt,
 		workBackoffDeleteManyStmt:         q.workBackoffDeleteManyStmt,
 		workBackoffForMachineStmt:         q.workBackoffForMachineStmt,

@@ -68,6 +68,12 @@ type ActiveBackoff struct {
 	SecondsLeft     float64   `json:"seconds_left"`
 }
 
+type BmdbAppSchemaCompat struct {
+	Application      string `json:"application"`
+	Version          int64  `json:"version"`
+	OldestCompatible int64  `json:"oldest_compatible"`
+}
+
 type BmdbSchemaCompat struct {
 	Version          int64 `json:"version"`
 	OldestCompatible int64 `json:"oldest_compatible"`
@@ -160,6 +166,12 @@ type WorkBackoff struct {
 	IntervalSeconds float64   `json:"interval_seconds"`
 }
 
+type WorkFencing struct {
+	MachineID uuid.UUID `json:"machine_id"`
+	Process   string    `json:"process"`
+	Token     int64     `json:"token"`
+}
+
 type WorkHistory struct {
 	ID            int64            `json:"id"`
 	MachineID     uuid.UUID        `json:"machine_id"`
@@ -170,4 +182,5 @@ type WorkHistory struct {
 	FailedCause   sql.NullString   `json:"failed_cause"`
 	ComponentName sql.NullString   `json:"component_name"`
 	ClaimID       uuid.NullUUID    `json:"claim_id"`
+	FencingToken  sql.NullInt64    `json:"fencing_token"`
 }

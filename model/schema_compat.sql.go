@@ -9,6 +9,33 @@ import (
 	"context"
 )
 
+const appSchemaCompatOldest = `-- name: AppSchemaCompatOldest :one
+SELECT COALESCE(max(oldest_compatible), 0)::INT8 AS oldest_compatible, count(*)::INT8 AS declared
+FROM bmdb_app_schema_compat
+WHERE application = $1::TEXT
+  AND version > $2::INT8 AND version <= $3::INT8
+`
+
+type AppSchemaCompatOldestParams struct {
+	Application     string `json:"application"`
+	KnownVersion    int64  `json:"known_version"`
+	DatabaseVersion int64  `json:"database_version"`
+}
+
+type AppSchemaCompatOldestRow struct {
+	OldestCompatible int64 `json:"oldest_compatible"`
+	Declared         int64 `json:"declared"`
+}
+
+// AppSchemaCompatOldest is SchemaCompatOldest for an application's own
+// migrations (bmdb.Application), declared in bmdb_app_schema_compat.
+func (q *Queries) AppSchemaCompatOldest(ctx context.Context, arg AppSchemaCompatOldestParams) (AppSchemaCompatOldestRow, error) {
+	row := q.queryRow(ctx, q.appSchemaCompatOldestStmt, appSchemaCompatOldest, arg.Application, arg.KnownVersion, arg.DatabaseVersion)
+	var i AppSchemaCompatOldestRow
+	err := row.Scan(&i.OldestCompatible, &i.Declared)
+	return i, err
+}
+
 const schemaCompatOldest = `-- name: SchemaCompatOldest :one
 SELECT COALESCE(max(oldest_compatible), 0)::INT8 AS oldest_compatible, count(*)::INT8 AS declared
 FROM bmdb_schema_compat

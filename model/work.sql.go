@@ -13,60 +13,25 @@ import (
 	"github.com/lib/pq"
 )
 
-const workAbandonExpired = `-- name: WorkAbandonExpired :execrows
+const workAbandonOfSessions = `-- name: WorkAbandonOfSessions :many
 WITH gone AS (
     DELETE FROM work
-    WHERE work.machine_id = $1 AND work.process = $2
-      AND NOT EXISTS (
-          SELECT 1 FROM sessions s
-          WHERE s.session_id = work.session_id AND s.deadline > now()
-      )
+    WHERE work.session_id = ANY ($1::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
 INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
        (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
 FROM gone
-`
-
-type WorkAbandonExpiredParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-}
-
-// WorkAbandonExpired removes the claim of (machine, process) if its session
-// has expired, recording Abandoned history for it. It affects no row when
-// there is no claim or its holder is alive.
-func (q *Queries) WorkAbandonExpired(ctx context.Context, arg WorkAbandonExpiredParams) (int64, error) {
-	result, err := q.exec(ctx, q.workAbandonExpiredStmt, workAbandonExpired, arg.MachineID, arg.Process)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
-const workAbandonOfExpiredSessions = `-- name: WorkAbandonOfExpiredSessions :many
-WITH gone AS (
-    DELETE FROM work
-    WHERE work.session_id IN (
-        SELECT s.session_id FROM sessions s
-        WHERE s.deadline < now() - $1::FLOAT8 * INTERVAL '1 second'
-    )
-    RETURNING work.machine_id, work.process, work.session_id
-)
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
-       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
-FROM gone
 RETURNING work_history.process
 `
 
-// WorkAbandonOfExpiredSessions removes the claims of every session whose
-// deadline passed more than grace_seconds ago, recording Abandoned history,
-// and returns the process of each. GC runs it right before
-// SessionDeleteExpired, in the same transaction.
-func (q *Queries) WorkAbandonOfExpiredSessions(ctx context.Context, graceSeconds float64) ([]string, error) {
-	rows, err := q.query(ctx, q.workAbandonOfExpiredSessionsStmt, workAbandonOfExpiredSessions, graceSeconds)
+// WorkAbandonOfSessions removes every claim of the given (expired, locked)
+// sessions, recording Abandoned history with each claim's id, and returns
+// the process of each. GC and takeovers run it between SessionLock... and
+// SessionDeleteMany, in one transaction.
+func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.UUID) ([]string, error) {
+	rows, err := q.query(ctx, q.workAbandonOfSessionsStmt, workAbandonOfSessions, pq.Array(sessionIds))
 	if err != nil {
 		return nil, err
 	}
@@ -100,12 +65,17 @@ WITH claim AS (
     )
     ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
+), fence AS (
+    INSERT INTO work_fencing (machine_id, process, token)
+    SELECT claim.machine_id, claim.process, 1 FROM claim
+    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
+    RETURNING work_fencing.machine_id, work_fencing.token
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       $1::TEXT, claim.claim_id
-FROM claim
-RETURNING work_history.machine_id, work_history.claim_id
+       $1::TEXT, claim.claim_id, fence.token
+FROM claim JOIN fence ON fence.machine_id = claim.machine_id
+RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 `
 
 type WorkClaimManyParams struct {
@@ -116,17 +86,20 @@ type WorkClaimManyParams struct {
 }
 
 type WorkClaimManyRow struct {
-	MachineID uuid.UUID     `json:"machine_id"`
-	ClaimID   uuid.NullUUID `json:"claim_id"`
+	MachineID    uuid.UUID     `json:"machine_id"`
+	ClaimID      uuid.NullUUID `json:"claim_id"`
+	FencingToken sql.NullInt64 `json:"fencing_token"`
 }
 
 // WorkClaimMany claims, in one statement, each of machine_ids that is
 // neither claimed for process nor in backoff for it, records Started for
-// each, and returns the claimed machines with their claim ids. It reads no work row (the unique index
-// decides), so on PostgreSQL an uncontended claim takes no SERIALIZABLE read
-// lock on the small, hot work index, and concurrent claims of different
-// machines do not conflict through it. A concurrent claim of the same
-// machine fails one of them with 40001.
+// each with its fencing token (work_fencing, one more than the previous
+// claim's), and returns the claimed machines with their claim ids and
+// tokens. It reads no work row (the unique index decides), so on PostgreSQL
+// an uncontended claim takes no SERIALIZABLE read lock on the small, hot
+// work index, and concurrent claims of different machines do not conflict
+// through it. A concurrent claim of the same machine fails one of them
+// with 40001.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
 		arg.ComponentName,
@@ -141,7 +114,7 @@ func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([
 	items := []WorkClaimManyRow{}
 	for rows.Next() {
 		var i WorkClaimManyRow
-		if err := rows.Scan(&i.MachineID, &i.ClaimID); err != nil {
+		if err := rows.Scan(&i.MachineID, &i.ClaimID, &i.FencingToken); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -169,8 +142,12 @@ SELECT
     EXISTS (
         SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.machine_id = $1 AND w.process = $2
-          AND s.deadline > now()
-    ) AS claimed_live
+          AND s.deadline > statement_timestamp()
+    ) AS claimed_live,
+    (
+        SELECT w.session_id FROM work w
+        WHERE w.machine_id = $1 AND w.process = $2
+    )::UUID AS holder
 `
 
 type WorkClaimStateParams struct {
@@ -179,18 +156,24 @@ type WorkClaimStateParams struct {
 }
 
 type WorkClaimStateRow struct {
-	InBackoff   bool `json:"in_backoff"`
-	Claimed     bool `json:"claimed"`
-	ClaimedLive bool `json:"claimed_live"`
+	InBackoff   bool      `json:"in_backoff"`
+	Claimed     bool      `json:"claimed"`
+	ClaimedLive bool      `json:"claimed_live"`
+	Holder      uuid.UUID `json:"holder"`
 }
 
 // WorkClaimState tells why (machine, process) could not be claimed: whether
-// it is in backoff, and whether a claim exists and is held by a live
-// session.
+// it is in backoff, whether a claim exists and is held by a live session,
+// and which session holds it (NULL: none).
 func (q *Queries) WorkClaimState(ctx context.Context, arg WorkClaimStateParams) (WorkClaimStateRow, error) {
 	row := q.queryRow(ctx, q.workClaimStateStmt, workClaimState, arg.MachineID, arg.Process)
 	var i WorkClaimStateRow
-	err := row.Scan(&i.InBackoff, &i.Claimed, &i.ClaimedLive)
+	err := row.Scan(
+		&i.InBackoff,
+		&i.Claimed,
+		&i.ClaimedLive,
+		&i.Holder,
+	)
 	return i, err
 }
 
@@ -242,11 +225,11 @@ func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error)
 const workEndSession = `-- name: WorkEndSession :many
 WITH ended AS (
     DELETE FROM work WHERE work.session_id = $3
-    RETURNING work.machine_id, work.process, work.session_id
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
-       $2::TEXT
+       $2::TEXT, ended.claim_id
 FROM ended
 RETURNING work_history.process
 `
@@ -410,12 +393,17 @@ WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
     VALUES ($2, $3, $4)
     RETURNING machine_id, process, session_id, started_at, claim_id
+), fence AS (
+    INSERT INTO work_fencing (machine_id, process, token)
+    SELECT claim.machine_id, claim.process, 1 FROM claim
+    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
+    RETURNING work_fencing.machine_id, work_fencing.token
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       $1::TEXT, claim.claim_id
-FROM claim
-RETURNING work_history.claim_id
+       $1::TEXT, claim.claim_id, fence.token
+FROM claim JOIN fence ON fence.machine_id = claim.machine_id
+RETURNING work_history.claim_id, work_history.fencing_token
 `
 
 type WorkStartParams struct {
@@ -425,17 +413,23 @@ type WorkStartParams struct {
 	SessionID     uuid.UUID `json:"session_id"`
 }
 
+type WorkStartRow struct {
+	ClaimID      uuid.NullUUID `json:"claim_id"`
+	FencingToken sql.NullInt64 `json:"fencing_token"`
+}
+
 // WorkStart inserts the claim of (machine, process) for a session together
-// with its Started history row, and returns the claim's id. A live claim
-// makes it fail with a unique violation.
-func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (uuid.NullUUID, error) {
+// with its Started history row and its fencing token (work_fencing, one
+// more than the previous claim's), and returns the claim's id and token. A
+// claim in place makes it fail with a unique violation.
+func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (WorkStartRow, error) {
 	row := q.queryRow(ctx, q.workStartStmt, workStart,
 		arg.ComponentName,
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
 	)
-	var claim_id uuid.NullUUID
-	err := row.Scan(&claim_id)
-	return claim_id, err
+	var i WorkStartRow
+	err := row.Scan(&i.ClaimID, &i.FencingToken)
+	return i, err
 }

@@ -14,7 +14,7 @@ import (
 )
 
 const workHistoryForMachine = `-- name: WorkHistoryForMachine :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token FROM work_history
 WHERE machine_id = $1
 ORDER BY at, id
 `
@@ -39,6 +39,7 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 			&i.FailedCause,
 			&i.ComponentName,
 			&i.ClaimID,
+			&i.FencingToken,
 		); err != nil {
 			return nil, err
 		}
@@ -109,7 +110,7 @@ func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPrunePara
 }
 
 const workHistoryRecentEvents = `-- name: WorkHistoryRecentEvents :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token FROM work_history
 WHERE process = $1 AND event = $2 AND at >= $3
 ORDER BY at DESC, id DESC
 LIMIT $4
@@ -149,6 +150,7 @@ func (q *Queries) WorkHistoryRecentEvents(ctx context.Context, arg WorkHistoryRe
 			&i.FailedCause,
 			&i.ComponentName,
 			&i.ClaimID,
+			&i.FencingToken,
 		); err != nil {
 			return nil, err
 		}

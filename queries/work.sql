@@ -1,7 +1,7 @@
 -- name: WorkClaimState :one
 -- WorkClaimState tells why (machine, process) could not be claimed: whether
--- it is in backoff, and whether a claim exists and is held by a live
--- session.
+-- it is in backoff, whether a claim exists and is held by a live session,
+-- and which session holds it (NULL: none).
 SELECT
     EXISTS (
         SELECT 1 FROM work_backoff b
@@ -15,41 +15,33 @@ SELECT
     EXISTS (
         SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
-          AND s.deadline > now()
-    ) AS claimed_live;
+          AND s.deadline > statement_timestamp()
+    ) AS claimed_live,
+    (
+        SELECT w.session_id FROM work w
+        WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
+    )::UUID AS holder;
 
 -- name: WorkStart :one
 -- WorkStart inserts the claim of (machine, process) for a session together
--- with its Started history row, and returns the claim's id. A live claim
--- makes it fail with a unique violation.
+-- with its Started history row and its fencing token (work_fencing, one
+-- more than the previous claim's), and returns the claim's id and token. A
+-- claim in place makes it fail with a unique violation.
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
     VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id))
     RETURNING machine_id, process, session_id, started_at, claim_id
+), fence AS (
+    INSERT INTO work_fencing (machine_id, process, token)
+    SELECT claim.machine_id, claim.process, 1 FROM claim
+    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
+    RETURNING work_fencing.machine_id, work_fencing.token
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       sqlc.arg(component_name)::TEXT, claim.claim_id
-FROM claim
-RETURNING work_history.claim_id;
-
--- name: WorkAbandonExpired :execrows
--- WorkAbandonExpired removes the claim of (machine, process) if its session
--- has expired, recording Abandoned history for it. It affects no row when
--- there is no claim or its holder is alive.
-WITH gone AS (
-    DELETE FROM work
-    WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
-      AND NOT EXISTS (
-          SELECT 1 FROM sessions s
-          WHERE s.session_id = work.session_id AND s.deadline > now()
-      )
-    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
-)
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
-       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
-FROM gone;
+       sqlc.arg(component_name)::TEXT, claim.claim_id, fence.token
+FROM claim JOIN fence ON fence.machine_id = claim.machine_id
+RETURNING work_history.claim_id, work_history.fencing_token;
 
 -- name: WorkEnd :execrows
 -- WorkEnd removes the claim of (machine, process) only if it is still the
@@ -75,30 +67,27 @@ FROM ended;
 -- and returns the process of each.
 WITH ended AS (
     DELETE FROM work WHERE work.session_id = sqlc.arg(session_id)
-    RETURNING work.machine_id, work.process, work.session_id
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
-       sqlc.arg(component_name)::TEXT
+       sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended
 RETURNING work_history.process;
 
--- name: WorkAbandonOfExpiredSessions :many
--- WorkAbandonOfExpiredSessions removes the claims of every session whose
--- deadline passed more than grace_seconds ago, recording Abandoned history,
--- and returns the process of each. GC runs it right before
--- SessionDeleteExpired, in the same transaction.
+-- name: WorkAbandonOfSessions :many
+-- WorkAbandonOfSessions removes every claim of the given (expired, locked)
+-- sessions, recording Abandoned history with each claim's id, and returns
+-- the process of each. GC and takeovers run it between SessionLock... and
+-- SessionDeleteMany, in one transaction.
 WITH gone AS (
     DELETE FROM work
-    WHERE work.session_id IN (
-        SELECT s.session_id FROM sessions s
-        WHERE s.deadline < now() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second'
-    )
-    RETURNING work.machine_id, work.process, work.session_id
+    WHERE work.session_id = ANY (sqlc.arg(session_ids)::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
-       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id)
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
 FROM gone
 RETURNING work_history.process;
 
@@ -110,11 +99,13 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 -- name: WorkClaimMany :many
 -- WorkClaimMany claims, in one statement, each of machine_ids that is
 -- neither claimed for process nor in backoff for it, records Started for
--- each, and returns the claimed machines with their claim ids. It reads no work row (the unique index
--- decides), so on PostgreSQL an uncontended claim takes no SERIALIZABLE read
--- lock on the small, hot work index, and concurrent claims of different
--- machines do not conflict through it. A concurrent claim of the same
--- machine fails one of them with 40001.
+-- each with its fencing token (work_fencing, one more than the previous
+-- claim's), and returns the claimed machines with their claim ids and
+-- tokens. It reads no work row (the unique index decides), so on PostgreSQL
+-- an uncontended claim takes no SERIALIZABLE read lock on the small, hot
+-- work index, and concurrent claims of different machines do not conflict
+-- through it. A concurrent claim of the same machine fails one of them
+-- with 40001.
 WITH claim AS (
     INSERT INTO work (machine_id, process, session_id)
     SELECT c.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID
@@ -126,12 +117,17 @@ WITH claim AS (
     )
     ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
+), fence AS (
+    INSERT INTO work_fencing (machine_id, process, token)
+    SELECT claim.machine_id, claim.process, 1 FROM claim
+    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
+    RETURNING work_fencing.machine_id, work_fencing.token
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
 SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       sqlc.arg(component_name)::TEXT, claim.claim_id
-FROM claim
-RETURNING work_history.machine_id, work_history.claim_id;
+       sqlc.arg(component_name)::TEXT, claim.claim_id, fence.token
+FROM claim JOIN fence ON fence.machine_id = claim.machine_id
+RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token;
 
 -- name: WorkFinishMany :many
 -- WorkFinishMany ends, as Finished, the claims claim_ids of process on

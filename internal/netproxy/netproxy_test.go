@@ -1,4 +1,4 @@
-package chaos
+package netproxy
 
 import (
 	"bufio"
@@ -38,10 +38,10 @@ func roundTrip(c net.Conn, d time.Duration) error {
 }
 
 func TestProxy(t *testing.T) {
-	if _, err := NewProxy("10.0.0.1:5432"); err == nil {
+	if _, err := New("10.0.0.1:5432"); err == nil {
 		t.Fatal("proxy to a non-127.0.0.1 target accepted")
 	}
-	p, err := NewProxy(echo(t))
+	p, err := New(echo(t))
 	if err != nil {
 		t.Fatal(err)
 	}

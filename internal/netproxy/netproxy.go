@@ -1,4 +1,4 @@
-package chaos
+package netproxy
 
 import (
 	"fmt"
@@ -71,12 +71,12 @@ func (l *link) setServer(s net.Conn) bool {
 	return true
 }
 
-// NewProxy listens on a free 127.0.0.1 port and forwards to target, which
+// New listens on a free 127.0.0.1 port and forwards to target, which
 // must be a 127.0.0.1 address.
-func NewProxy(target string) (*Proxy, error) {
+func New(target string) (*Proxy, error) {
 	host, _, err := net.SplitHostPort(target)
 	if err != nil || host != "127.0.0.1" {
-		return nil, fmt.Errorf("chaos: proxy target %q is not on 127.0.0.1", target)
+		return nil, fmt.Errorf("netproxy: target %q is not on 127.0.0.1", target)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

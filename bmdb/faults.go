@@ -1,0 +1,121 @@
+package bmdb
+
+import (
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"sync"
+
+	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+)
+
+// faults injects, in cockroach mode (package crdbmode), the errors
+// CockroachDB returns where PostgreSQL would not: a serialization failure
+// (40001) on any statement of a transaction and at RELEASE SAVEPOINT, and
+// at the commit point a 40003 (statement completion unknown) or a lost
+// connection, after the commit took effect or before. A nil *faults
+// injects nothing. Safe for concurrent use.
+type faults struct {
+	retryRate, ambiguousRate float64
+
+	mu  sync.Mutex
+	rng *rand.Rand
+
+	// hook, if set (tests in this package), runs before every statement
+	// inside a transaction; a non-nil error fails the statement unsent.
+	hook func(query string) error
+}
+
+// newFaults returns the injector for s, or nil when s injects nothing.
+func newFaults(s crdbmode.Settings) *faults {
+	if !s.Enabled {
+		return nil
+	}
+	seed := s.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &faults{retryRate: s.RetryRate, ambiguousRate: s.AmbiguousRate, rng: rand.New(rand.NewPCG(seed, 0xb3db))}
+}
+
+func (f *faults) roll(p float64) bool {
+	if p <= 0 {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.Float64() < p
+}
+
+// Statements crdb.ExecuteInTx runs around a transaction's callback.
+const (
+	sqlSavepoint = "SAVEPOINT cockroach_restart"
+	sqlRelease   = "RELEASE SAVEPOINT cockroach_restart"
+	sqlRestart   = "ROLLBACK TO SAVEPOINT cockroach_restart"
+)
+
+// statement returns the error to inject instead of running query on c, or
+// nil to run it. Only statements inside transactions fail, and never
+// crdb's SAVEPOINT or ROLLBACK TO SAVEPOINT.
+func (f *faults) statement(c *conn, query string) error {
+	if f == nil || !c.inTx {
+		return nil
+	}
+	if f.hook != nil {
+		if err := f.hook(query); err != nil {
+			return err
+		}
+	}
+	q := strings.TrimSpace(query)
+	if q == sqlSavepoint || q == sqlRestart {
+		return nil
+	}
+	if q == sqlRelease && f.roll(f.ambiguousRate/2) {
+		// The commit point on CockroachDB; not sent, so nothing committed.
+		crdbmode.InjectedAmbiguous.Add(1)
+		return injected(codeStatementCompletionUnknown, "result is ambiguous (injected at RELEASE, not committed)")
+	}
+	if f.roll(f.retryRate) {
+		crdbmode.InjectedRetryable.Add(1)
+		return injected(codeSerializationFailure, "restart transaction: TransactionRetryWithProtoRefreshError (injected)")
+	}
+	return nil
+}
+
+// errInjectedConnLoss is the cause of a connection cut by the injector.
+var errInjectedConnLoss = errors.New("bmdb: connection lost (injected at COMMIT)")
+
+// commit decides whether t's COMMIT on c fails. If handled, err is the
+// commit's result and t has ended: either committed or rolled back, and
+// the caller cannot tell which.
+func (f *faults) commit(c *conn, t driver.Tx) (handled bool, err error) {
+	if f == nil || !f.roll(f.ambiguousRate) {
+		return false, nil
+	}
+	f.mu.Lock()
+	committed, lost := f.rng.IntN(2) == 0, f.rng.IntN(2) == 0
+	f.mu.Unlock()
+	if committed {
+		if err := t.Commit(); err != nil {
+			return true, c.err(err)
+		}
+	} else if !lost {
+		_ = t.Rollback()
+	}
+	if lost {
+		crdbmode.InjectedConnLoss.Add(1)
+		c.nc.cut(errInjectedConnLoss)
+		return true, &AbandonedError{Cause: errInjectedConnLoss, Err: io.ErrUnexpectedEOF}
+	}
+	crdbmode.InjectedAmbiguous.Add(1)
+	return true, injected(codeStatementCompletionUnknown, fmt.Sprintf("result is ambiguous (injected at COMMIT, committed: %v)", committed))
+}
+
+func injected(code, msg string) error {
+	return &pq.Error{Severity: "ERROR", Code: pq.ErrorCode(code), Message: msg}
+}

@@ -1,0 +1,271 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/internal/wait"
+)
+
+// Migrators take turns through one row of bmdb_migration_lock: a lease on
+// the database clock. The holder renews it while it migrates and deletes it
+// when done; a holder that dies leaves a row that expires by itself, and
+// the next migrator takes it over. Neither engine's lock is relied upon:
+// golang-migrate's cockroachdb driver locks with a row that does not wait
+// and survives a crash, and PostgreSQL's advisory locks do not exist on
+// CockroachDB. Reading the schema version takes no lock at all.
+
+// migrationLease is how long a migrator's lease lasts without renewal: a
+// migrator killed while migrating delays the next one by at most this.
+// Tests shorten it.
+var migrationLease = 15 * time.Second
+
+// Statements of the migration lock: constant text, values as parameters.
+// The table is created before any migration runs, so it is not part of
+// them (nor of sqlc's schema).
+const (
+	createMigrationLockSQL = `CREATE TABLE IF NOT EXISTS bmdb_migration_lock (
+    lock_id INT8 PRIMARY KEY CHECK (lock_id = 1),
+    holder UUID NOT NULL,
+    holder_info TEXT NOT NULL,
+    acquired_at TIMESTAMPTZ NOT NULL,
+    deadline TIMESTAMPTZ NOT NULL
+)`
+	acquireMigrationLockSQL = `INSERT INTO bmdb_migration_lock (lock_id, holder, holder_info, acquired_at, deadline)
+VALUES (1, $1, $2, statement_timestamp(), statement_timestamp() + $3::FLOAT8 * INTERVAL '1 second')
+ON CONFLICT (lock_id) DO UPDATE
+SET holder = excluded.holder, holder_info = excluded.holder_info,
+    acquired_at = excluded.acquired_at, deadline = excluded.deadline
+WHERE bmdb_migration_lock.deadline < statement_timestamp()
+RETURNING holder`
+	renewMigrationLockSQL = `UPDATE bmdb_migration_lock
+SET deadline = statement_timestamp() + $2::FLOAT8 * INTERVAL '1 second'
+WHERE lock_id = 1 AND holder = $1`
+	releaseMigrationLockSQL = `DELETE FROM bmdb_migration_lock WHERE lock_id = 1 AND holder = $1`
+	readMigrationLockSQL    = `SELECT holder, holder_info, acquired_at, deadline, deadline > statement_timestamp()
+FROM bmdb_migration_lock WHERE lock_id = 1`
+	clearMigrationLockSQL = `DELETE FROM bmdb_migration_lock`
+
+	// golang-migrate's cockroachdb driver creates schema_lock with an INT
+	// lock_id, which is INT8 on CockroachDB but int4 on PostgreSQL, where
+	// its lock id overflows; creating it first with INT8 serves both.
+	createCockroachLockSQL = `CREATE TABLE IF NOT EXISTS schema_lock (lock_id INT8 NOT NULL PRIMARY KEY)`
+	countCockroachLockSQL  = `SELECT count(*) FROM schema_lock`
+	clearCockroachLockSQL  = `DELETE FROM schema_lock`
+)
+
+// Codes of a lost race between concurrent CREATE TABLE IF NOT EXISTS on
+// PostgreSQL (the type's row, or the relation, already exists).
+const (
+	codeDuplicateTable = "42P07"
+)
+
+// ensureTable runs a CREATE TABLE IF NOT EXISTS, retrying the races that
+// concurrent creators lose on PostgreSQL and the retries of CockroachDB's
+// schema changes, until ctx ends.
+func ensureTable(ctx context.Context, db *sql.DB, createSQL string) error {
+	for attempt := 1; ; attempt++ {
+		_, err := db.ExecContext(ctx, createSQL)
+		switch code := sqlState(err); {
+		case err == nil:
+			return nil
+		case code == codeUniqueViolation || code == codeDuplicateTable || isRetryable(err):
+			if err := wait.Sleep(ctx, retryDelay(attempt)); err != nil {
+				return err
+			}
+		default:
+			return err
+		}
+	}
+}
+
+// migrationLock is a held lease. release ends it.
+type migrationLock struct {
+	db     *sql.DB
+	holder uuid.UUID
+	stop   context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// acquireMigrationLock waits, with jittered growing polls bounded by ctx,
+// until it holds the lease, and renews it in the background until release.
+func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrationLock, error) {
+	if err := ensureTable(ctx, db, createMigrationLockSQL); err != nil {
+		return nil, fmt.Errorf("bmdb: creating bmdb_migration_lock: %w", contextError(ctx, err))
+	}
+	holder := uuid.New()
+	info = truncateCause(info)
+	poll := 20 * time.Millisecond
+	for waited := false; ; {
+		var got uuid.UUID
+		err := db.QueryRowContext(ctx, acquireMigrationLockSQL, holder, info, migrationLease.Seconds()).Scan(&got)
+		switch {
+		case err == nil:
+			l := &migrationLock{db: db, holder: holder}
+			l.renewInBackground()
+			return l, nil
+		case !errors.Is(err, sql.ErrNoRows) && !isRetryable(err):
+			return nil, fmt.Errorf("bmdb: taking the migration lock: %w", contextError(ctx, err))
+		}
+		if !waited {
+			waited = true
+			if lock, err := readMigrationLock(ctx, db); err == nil && lock != nil {
+				klog.Infof("bmdb: waiting for the migration lock held by %s (%s) until %v", lock.Holder, lock.HolderInfo, lock.Deadline)
+			}
+		}
+		if err := wait.Sleep(ctx, poll/2+rand.N(poll/2+1)); err != nil {
+			return nil, fmt.Errorf("bmdb: waiting for the migration lock: %w", err)
+		}
+		poll = min(2*poll, 500*time.Millisecond)
+	}
+}
+
+// renewInBackground extends the lease every third of it until release.
+func (l *migrationLock) renewInBackground() {
+	ctx, cancel := context.WithCancel(context.Background())
+	l.stop = cancel
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for wait.Sleep(ctx, migrationLease/3) == nil {
+			rctx, cancel := context.WithTimeout(ctx, migrationLease/3)
+			res, err := l.db.ExecContext(rctx, renewMigrationLockSQL, l.holder, migrationLease.Seconds())
+			cancel()
+			if n, _ := rowsAffected(res, err); err == nil && n == 0 {
+				klog.Warningf("bmdb: migration lock %s was taken over while migrating (cleared by an operator?)", l.holder)
+				return
+			}
+			if err != nil && ctx.Err() == nil {
+				klog.Warningf("bmdb: renewing the migration lock: %v", err)
+			}
+		}
+	}()
+}
+
+// release stops renewing and deletes the lease (bounded by a few seconds:
+// if it fails, the lease expires by itself).
+func (l *migrationLock) release() {
+	l.stop()
+	l.wg.Wait()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := l.db.ExecContext(ctx, releaseMigrationLockSQL, l.holder); err != nil {
+		klog.Warningf("bmdb: releasing the migration lock (it expires by itself within %v): %v", migrationLease, err)
+	}
+}
+
+func rowsAffected(res sql.Result, err error) (int64, error) {
+	if err != nil {
+		return 0, err
+	}
+	return res.RowsAffected()
+}
+
+// clearedRows is rowsAffected, with a missing table counting as none.
+func clearedRows(res sql.Result, err error) (int64, error) {
+	if sqlState(err) == codeUndefinedTable {
+		return 0, nil
+	}
+	return rowsAffected(res, err)
+}
+
+// MigrationLock describes the lease of the component migrating the schema
+// (ReadMigrationLock).
+type MigrationLock struct {
+	Holder     uuid.UUID // the migrator's lease id
+	HolderInfo string    // its component and runtime info
+	AcquiredAt time.Time
+	Deadline   time.Time // on the database clock; renewed while it migrates
+	Live       bool      // the deadline has not passed: the holder is alive
+}
+
+// readMigrationLock returns the lease, or nil if nobody holds one.
+func readMigrationLock(ctx context.Context, db *sql.DB) (*MigrationLock, error) {
+	var l MigrationLock
+	err := db.QueryRowContext(ctx, readMigrationLockSQL).Scan(&l.Holder, &l.HolderInfo, &l.AcquiredAt, &l.Deadline, &l.Live)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) || sqlState(err) == codeUndefinedTable:
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	return &l, nil
+}
+
+// clearCockroachDriverLock prepares golang-migrate's cockroachdb lock
+// table for a migration run under the lease: it creates the table with an
+// INT8 lock_id if missing, and deletes a row left in it. Under the lease,
+// such a row was left by a migrator that died between its lock and unlock,
+// or belongs to a binary too old to take the lease, still migrating; it
+// waits up to one lease for the latter before deleting the row.
+func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
+	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
+		return fmt.Errorf("bmdb: creating schema_lock: %w", contextError(ctx, err))
+	}
+	until := time.Now().Add(migrationLease)
+	for {
+		var n int
+		if err := db.QueryRowContext(ctx, countCockroachLockSQL).Scan(&n); err != nil {
+			return fmt.Errorf("bmdb: reading schema_lock: %w", contextError(ctx, err))
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(until) {
+			klog.Warningf("bmdb: deleting golang-migrate's schema_lock row left by a migrator that is gone")
+			if _, err := db.ExecContext(ctx, clearCockroachLockSQL); err != nil {
+				return fmt.Errorf("bmdb: clearing schema_lock: %w", contextError(ctx, err))
+			}
+			return nil
+		}
+		if err := wait.Sleep(ctx, 200*time.Millisecond); err != nil {
+			return fmt.Errorf("bmdb: waiting for golang-migrate's schema_lock: %w", err)
+		}
+	}
+}
+
+// ReadMigrationLock returns the migration lease of the database at dsn, or
+// nil if no migrator holds one. It takes no lock.
+func ReadMigrationLock(ctx context.Context, dsn string) (*MigrationLock, error) {
+	var lock *MigrationLock
+	err := withAdminPool(ctx, dsn, func(db *sql.DB, _ engine) error {
+		var err error
+		lock, err = readMigrationLock(ctx, db)
+		if err != nil {
+			return fmt.Errorf("bmdb: reading the migration lock: %w", err)
+		}
+		return nil
+	})
+	return lock, err
+}
+
+// ClearMigrationLock deletes the migration lease and golang-migrate's
+// cockroachdb lock row of the database at dsn, live or not, and reports
+// whether there was anything to delete. It is an operator's override: a
+// migrator still running loses its lock and another may start beside it.
+func ClearMigrationLock(ctx context.Context, dsn string) (bool, error) {
+	var cleared bool
+	err := withAdminPool(ctx, dsn, func(db *sql.DB, _ engine) error {
+		lease, err := db.ExecContext(ctx, clearMigrationLockSQL)
+		n, err := clearedRows(lease, err)
+		if err != nil {
+			return fmt.Errorf("bmdb: clearing the migration lock: %w", err)
+		}
+		driverLock, err := db.ExecContext(ctx, clearCockroachLockSQL)
+		m, err := clearedRows(driverLock, err)
+		if err != nil {
+			return fmt.Errorf("bmdb: clearing golang-migrate's schema_lock: %w", err)
+		}
+		cleared = n+m > 0
+		return nil
+	})
+	return cleared, err
+}
