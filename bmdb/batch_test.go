@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
 // tagAll is a FinishAll commit that tags every machine.
@@ -150,7 +152,7 @@ func TestBatchRejectsBadInput(t *testing.T) {
 // serialization retry.
 func TestClaimConcurrencySerialisesClaims(t *testing.T) {
 	e := newWorkEnv(t)
-	if e.count("SELECT count(*) FROM (SELECT version() AS v) x WHERE v LIKE '%CockroachDB%'") == 1 {
+	if testdb.Cockroach() || testdb.CockroachMode() {
 		t.Skip("on CockroachDB claims are not bounded by default")
 	}
 	c := e.open()

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 )
 
 // Defaults and limits of Config and of the arguments of Session methods.
@@ -123,6 +125,18 @@ type Config struct {
 	// Open refuses it. Unused on PostgreSQL, whose one clock decides. Must
 	// not be negative. Defaults to MaxClockOffsetDefault.
 	MaxClockOffset time.Duration
+
+	// cockroachMode, if set (tests in this package), replaces the
+	// process-wide crdbmode settings for this Connection.
+	cockroachMode *crdbmode.Settings
+}
+
+// mode returns the cockroach-mode settings of c.
+func (c Config) mode() crdbmode.Settings {
+	if c.cockroachMode != nil {
+		return *c.cockroachMode
+	}
+	return crdbmode.Get()
 }
 
 // withDefaults returns c with every unset field at its default.

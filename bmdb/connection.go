@@ -13,7 +13,6 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -51,6 +50,8 @@ type Connection struct {
 	// pooled connection): a transaction's statements skip parsing and
 	// planning, and run in one round trip each.
 	prepared *model.Queries
+	// faults injects CockroachDB's errors in cockroach mode; nil: none.
+	faults *faults
 	// claimSlots bounds concurrent claim transactions (ClaimConcurrency);
 	// nil: no bound.
 	claimSlots *slots
@@ -123,7 +124,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 		return nil, err
 	}
 	settings := poolSettings(cfg)
-	mode := crdbmode.Get()
+	mode := cfg.mode()
 	connector, err := newConnector(cfg.DSN, cfg.NetworkTimeout, settings, newFaults(mode))
 	if err != nil {
 		return nil, err
@@ -138,7 +139,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if metrics == nil {
 		metrics, _ = NewMetrics(nil) // cannot fail without a registerer
 	}
-	c := &Connection{cfg: cfg, db: db, settings: settings, metrics: metrics.forComponent(cfg.ComponentName)}
+	c := &Connection{cfg: cfg, db: db, settings: settings, faults: connector.faults, metrics: metrics.forComponent(cfg.ComponentName)}
 	if err := c.setUp(ctx, mode.Enabled); err != nil {
 		db.Close()
 		return nil, err

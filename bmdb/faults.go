@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/lib/pq"
 
@@ -25,6 +26,13 @@ type faults struct {
 
 	mu  sync.Mutex
 	rng *rand.Rand
+
+	// off, when set (tests in this package that count retries), stops
+	// injecting.
+	off atomic.Bool
+	// nextCommit, when not commitAsIs (tests in this package), is the fate
+	// of the next COMMIT.
+	nextCommit atomic.Int32
 
 	// hook, if set (tests in this package), runs before every statement
 	// inside a transaction; a non-nil error fails the statement unsent.
@@ -44,7 +52,7 @@ func newFaults(s crdbmode.Settings) *faults {
 }
 
 func (f *faults) roll(p float64) bool {
-	if p <= 0 {
+	if p <= 0 || f.off.Load() {
 		return false
 	}
 	f.mu.Lock()
@@ -90,16 +98,34 @@ func (f *faults) statement(c *conn, query string) error {
 // errInjectedConnLoss is the cause of a connection cut by the injector.
 var errInjectedConnLoss = errors.New("bmdb: connection lost (injected at COMMIT)")
 
+// Fates of a COMMIT (faults.nextCommit).
+const (
+	commitAsIs int32 = iota
+	commitThen40003
+	rollbackThen40003
+	commitThenLost
+	rollbackThenLost
+)
+
 // commit decides whether t's COMMIT on c fails. If handled, err is the
 // commit's result and t has ended: either committed or rolled back, and
 // the caller cannot tell which.
 func (f *faults) commit(c *conn, t driver.Tx) (handled bool, err error) {
-	if f == nil || !f.roll(f.ambiguousRate) {
+	if f == nil {
 		return false, nil
 	}
-	f.mu.Lock()
-	committed, lost := f.rng.IntN(2) == 0, f.rng.IntN(2) == 0
-	f.mu.Unlock()
+	var committed, lost bool
+	switch fate := f.nextCommit.Swap(commitAsIs); {
+	case fate != commitAsIs:
+		committed = fate == commitThen40003 || fate == commitThenLost
+		lost = fate == commitThenLost || fate == rollbackThenLost
+	case !f.roll(f.ambiguousRate):
+		return false, nil
+	default:
+		f.mu.Lock()
+		committed, lost = f.rng.IntN(2) == 0, f.rng.IntN(2) == 0
+		f.mu.Unlock()
+	}
 	if committed {
 		if err := t.Commit(); err != nil {
 			return true, c.err(err)

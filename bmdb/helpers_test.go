@@ -16,7 +16,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if mode := os.Getenv(childModeEnv); mode != "" {
+	switch mode := os.Getenv(childModeEnv); mode {
+	case "":
+	case "migrator":
+		os.Exit(runMigratorChild())
+	default:
 		os.Exit(runChild(mode))
 	}
 	testdb.Main(m, func(ctx context.Context, dsn string) error {
@@ -69,6 +73,14 @@ func (e *env) open(mods ...func(*Config)) *Connection {
 	}
 	e.t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// exact turns off cockroach mode's injected errors on c, for tests that
+// count retries.
+func exact(c *Connection) {
+	if c.faults != nil {
+		c.faults.off.Store(true)
+	}
 }
 
 // session starts a Session on c, closed at cleanup.

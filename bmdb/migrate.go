@@ -215,7 +215,7 @@ func migrateOnOpen(ctx context.Context, c *Connection, apply bool) error {
 	if c.cfg.RuntimeInfo != "" {
 		info += " (" + c.cfg.RuntimeInfo + ")"
 	}
-	return withMigrationPool(ctx, c.cfg.DSN, c.cfg.NetworkTimeout, func(mp *migrationPool) error {
+	return withMigrationPool(ctx, c.cfg.DSN, c.cfg.NetworkTimeout, c.cfg.mode().Enabled, func(mp *migrationPool) error {
 		return mp.locked(ctx, info, func() error {
 			for _, src := range behind {
 				if err := mp.up(ctx, src); err != nil {
@@ -240,7 +240,7 @@ type migrationPool struct {
 
 // withMigrationPool opens a migration pool on dsn within ctx, detects the
 // engine (cockroach mode counts as CockroachDB) and runs fn.
-func withMigrationPool(ctx context.Context, dsn string, timeout time.Duration, fn func(*migrationPool) error) error {
+func withMigrationPool(ctx context.Context, dsn string, timeout time.Duration, cockroachMode bool, fn func(*migrationPool) error) error {
 	conn, err := newConnector(dsn, timeout, connSettings{}, nil)
 	if err != nil {
 		return err
@@ -255,7 +255,7 @@ func withMigrationPool(ctx context.Context, dsn string, timeout time.Duration, f
 	if err != nil {
 		return err
 	}
-	if crdbmode.Get().Enabled {
+	if cockroachMode {
 		eng = engineCockroach
 	}
 	return fn(&migrationPool{db: db, dsn: dsn, engine: eng, conn: conn})
@@ -389,7 +389,7 @@ func withAdminPool(ctx context.Context, dsn string, fn func(*sql.DB, engine) err
 	if dsn == "" {
 		return invalidArgument("DSN is empty")
 	}
-	return withMigrationPool(ctx, dsn, 2*SessionIntervalDefault, func(mp *migrationPool) error { return fn(mp.db, mp.engine) })
+	return withMigrationPool(ctx, dsn, 2*SessionIntervalDefault, crdbmode.Get().Enabled, func(mp *migrationPool) error { return fn(mp.db, mp.engine) })
 }
 
 // MigrateUp applies every embedded migration the database at dsn lacks, as
@@ -432,7 +432,7 @@ func migrateWithLock(ctx context.Context, dsn, info string, fn func(*migrationPo
 	if err != nil {
 		return err
 	}
-	return withMigrationPool(ctx, dsn, 2*SessionIntervalDefault, func(mp *migrationPool) error {
+	return withMigrationPool(ctx, dsn, 2*SessionIntervalDefault, crdbmode.Get().Enabled, func(mp *migrationPool) error {
 		return mp.locked(ctx, info, func() error { return fn(mp, src) })
 	})
 }

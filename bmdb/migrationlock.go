@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -26,7 +27,12 @@ import (
 // migrationLease is how long a migrator's lease lasts without renewal: a
 // migrator killed while migrating delays the next one by at most this.
 // Tests shorten it.
-var migrationLease = 15 * time.Second
+var migrationLease atomic.Int64 // nanoseconds
+
+func init() { migrationLease.Store(int64(15 * time.Second)) }
+
+// lease returns migrationLease.
+func lease() time.Duration { return time.Duration(migrationLease.Load()) }
 
 // Statements of the migration lock: constant text, values as parameters.
 // The table is created before any migration runs, so it is not part of
@@ -106,7 +112,7 @@ func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrat
 	poll := 20 * time.Millisecond
 	for waited := false; ; {
 		var got uuid.UUID
-		err := db.QueryRowContext(ctx, acquireMigrationLockSQL, holder, info, migrationLease.Seconds()).Scan(&got)
+		err := db.QueryRowContext(ctx, acquireMigrationLockSQL, holder, info, lease().Seconds()).Scan(&got)
 		switch {
 		case err == nil:
 			l := &migrationLock{db: db, holder: holder}
@@ -135,9 +141,9 @@ func (l *migrationLock) renewInBackground() {
 	l.wg.Add(1)
 	go func() {
 		defer l.wg.Done()
-		for wait.Sleep(ctx, migrationLease/3) == nil {
-			rctx, cancel := context.WithTimeout(ctx, migrationLease/3)
-			res, err := l.db.ExecContext(rctx, renewMigrationLockSQL, l.holder, migrationLease.Seconds())
+		for wait.Sleep(ctx, lease()/3) == nil {
+			rctx, cancel := context.WithTimeout(ctx, lease()/3)
+			res, err := l.db.ExecContext(rctx, renewMigrationLockSQL, l.holder, lease().Seconds())
 			cancel()
 			if n, _ := rowsAffected(res, err); err == nil && n == 0 {
 				klog.Warningf("bmdb: migration lock %s was taken over while migrating (cleared by an operator?)", l.holder)
@@ -158,7 +164,7 @@ func (l *migrationLock) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := l.db.ExecContext(ctx, releaseMigrationLockSQL, l.holder); err != nil {
-		klog.Warningf("bmdb: releasing the migration lock (it expires by itself within %v): %v", migrationLease, err)
+		klog.Warningf("bmdb: releasing the migration lock (it expires by itself within %v): %v", lease(), err)
 	}
 }
 
@@ -210,7 +216,7 @@ func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
 	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
 		return fmt.Errorf("bmdb: creating schema_lock: %w", contextError(ctx, err))
 	}
-	until := time.Now().Add(migrationLease)
+	until := time.Now().Add(lease())
 	for {
 		var n int
 		if err := db.QueryRowContext(ctx, countCockroachLockSQL).Scan(&n); err != nil {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
 // Invariant 3: on PostgreSQL, whole-transaction retries make every one of
@@ -152,7 +154,9 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 // *RetriesExhaustedError after MaxTxAttempts attempts.
 func TestTransactRetriesExhausted(t *testing.T) {
 	e := newEnv(t)
-	s := e.session(e.open(func(c *Config) { c.MaxTxAttempts = 4 }))
+	c := e.open(func(c *Config) { c.MaxTxAttempts = 4 })
+	exact(c)
+	s := e.session(c)
 	attempts := 0
 	err := s.Transact(context.Background(), func(*Tx) error {
 		attempts++
@@ -244,7 +248,9 @@ func TestTransactChecksSessionInDatabase(t *testing.T) {
 // rolled the transaction back: bmdb retries it on a new connection.
 func TestTransactRetriesLostConnection(t *testing.T) {
 	e := newEnv(t)
+	testdb.SkipOnCockroach(t, "pg_terminate_backend is PostgreSQL's (CANCEL SESSION does not end the transaction the same way)")
 	c := e.open()
+	exact(c)
 	s := e.session(c)
 	attempts := 0
 	err := s.Transact(context.Background(), func(tx *Tx) error {
@@ -270,4 +276,5 @@ func TestTransactRetriesLostConnection(t *testing.T) {
 	if st := c.Stats(); st.TxConnectionRetries != 1 {
 		t.Errorf("stats %+v, want one connection retry", st)
 	}
+
 }

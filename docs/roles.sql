@@ -1,9 +1,14 @@
--- Least-privilege roles for a bmdb database (PostgreSQL and CockroachDB).
+-- Least-privilege roles for a bmdb database on PostgreSQL. On CockroachDB
+-- use docs/roles-cockroachdb.sql (no sequence there, and no passwords on an
+-- insecure cluster).
 --
 -- bmdb_migrator owns the schema: run migrations (bmdbctl migrate up, or the
--- first component with migrations on) as this role.
+-- first component with migrations on) as this role; it alone needs
+-- bmdb_migration_lock (and, on CockroachDB, golang-migrate's schema_lock).
 -- bmdb_worker is what components run as, with Config.SkipMigrations = true:
--- DML on the tables, nothing else (no DDL, no TRUNCATE).
+-- DML on the tables, nothing else (no DDL, no TRUNCATE). Opening reads the
+-- schema versions (schema_migrations, and each application's
+-- <name>_schema_migrations) and takes no lock.
 -- bmdb_operator is for people and dashboards: read-only on the views.
 -- bmdbctl's write commands (backoff clear, gc, history prune) need
 -- bmdb_worker.
@@ -12,6 +17,7 @@
 -- (sslmode=verify-full in the DSN, which bmdb passes to the driver
 -- unchanged). Run after the migrations, as the schema owner, and again after
 -- migrations that add tables or views (or rely on the default privileges).
+-- An application grants its own tables the same way.
 
 CREATE ROLE bmdb_worker LOGIN PASSWORD 'change-me';
 CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';
@@ -22,10 +28,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON
     machines, sessions, work, work_history, work_backoff, work_fencing,
     machine_provided, machine_agent_started, machine_os_installed
 TO bmdb_worker;
--- work_history.id is a BIGSERIAL: PostgreSQL only (CockroachDB has no sequence
--- for it; skip this line there).
+-- work_history.id is a BIGSERIAL, whose sequence the worker draws from.
 GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
--- Components check the schema version on Open.
+-- Components check the schema versions and their compatibility on Open.
 GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
 GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_worker;
 

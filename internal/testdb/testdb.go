@@ -18,6 +18,8 @@ import (
 
 	"github.com/lib/pq"
 	"go.uber.org/goleak"
+
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 )
 
 // EnvDSN names the environment variable holding the DSN of the server tests
@@ -39,9 +41,21 @@ var (
 // Main runs the tests of a package. setup migrates a new database to the
 // schema tests expect; New calls it once for the template. After the tests it
 // drops the template and fails the run if goroutines leaked.
+//
+// If crdbmode.EnvVar is set, the package's tests run in cockroach mode
+// (see package crdbmode), and the counts of injected errors are printed
+// after them.
 func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
 	setup = migrate
+	mode, err := crdbmode.FromEnv()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	code := m.Run()
+	if mode.Enabled {
+		fmt.Fprintln(os.Stderr, "testdb:", crdbmode.Report())
+	}
 	cleanUp()
 	if code == 0 {
 		if err := goleak.Find(goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1")); err != nil {
@@ -51,6 +65,24 @@ func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
 	}
 	os.Exit(code)
 }
+
+// Cockroach reports whether the test server is a CockroachDB cluster (not
+// cockroach mode on PostgreSQL), once New, NewEmpty or NewForExample has
+// connected.
+func Cockroach() bool { return cockroach }
+
+// SkipOnCockroach skips t on a CockroachDB cluster, saying why.
+func SkipOnCockroach(t testing.TB, why string) {
+	t.Helper()
+	connect(t)
+	if cockroach {
+		t.Skip("not on CockroachDB: " + why)
+	}
+}
+
+// CockroachMode reports whether the tests run in cockroach mode on
+// PostgreSQL (package crdbmode).
+func CockroachMode() bool { return crdbmode.Get().Enabled }
 
 // DSN returns the server DSN from BMDB_TEST_DSN, or fails t.
 func DSN(t testing.TB) string {

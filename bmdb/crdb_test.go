@@ -1,0 +1,336 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// The tests of bmdb's CockroachDB paths. Each forces cockroach mode on its
+// own Connections (Config.cockroachMode), so they run on every test run,
+// whether the suite as a whole runs in cockroach mode or not; on a real
+// CockroachDB cluster they run as they are.
+
+// cockroachMode returns a Config modifier forcing cockroach mode with no
+// random injection (tests inject what they need through faults).
+func cockroachMode(c *Config) {
+	c.cockroachMode = &crdbmode.Settings{Enabled: true, RetryRate: 0}
+}
+
+// Any number of concurrent Opens of one empty database succeed on
+// CockroachDB's path (golang-migrate's cockroachdb driver, whose own lock
+// gives up at once), and leave no lock behind. (Before, all but one failed
+// with "can't acquire lock", even with SkipMigrations.)
+func TestCockroachConcurrentOpens(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.NewEmpty(t)
+	const n = 8
+	errs := make(chan error, 2*n)
+	open := func(skip bool) {
+		cfg := Config{DSN: dsn, ComponentName: "rollout", SkipMigrations: skip}
+		cockroachMode(&cfg)
+		c, err := Open(context.Background(), cfg)
+		if err == nil {
+			c.Close()
+		}
+		errs <- err
+	}
+	for range n {
+		go open(false)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Open: %v", err)
+		}
+	}
+	// Now current: Opens with and without migrations, at once, take no lock.
+	for i := range 2 * n {
+		go open(i%2 == 0)
+	}
+	for range 2 * n {
+		if err := <-errs; err != nil {
+			t.Errorf("concurrent Open of a current schema: %v", err)
+		}
+	}
+	db := openRaw(t, dsn)
+	var leases, driverLocks int
+	db.QueryRow("SELECT count(*) FROM bmdb_migration_lock").Scan(&leases)
+	db.QueryRow("SELECT count(*) FROM schema_lock").Scan(&driverLocks)
+	if leases != 0 || driverLocks != 0 {
+		t.Errorf("%d migration leases and %d schema_lock rows left", leases, driverLocks)
+	}
+	var typ string
+	if err := db.QueryRow("SELECT data_type FROM information_schema.columns WHERE table_name = 'schema_lock' AND column_name = 'lock_id'").Scan(&typ); err != nil || typ != "bigint" {
+		t.Errorf("schema_lock.lock_id is %q (%v), want bigint", typ, err)
+	}
+}
+
+// setLease shortens the migration lease for the duration of a test that
+// does not run in parallel.
+func setLease(t *testing.T, d time.Duration) {
+	old := migrationLease.Swap(int64(d))
+	t.Cleanup(func() { migrationLease.Store(old) })
+}
+
+// A migrator killed while holding the lock (and golang-migrate's
+// cockroachdb lock row) delays the next Open by at most one lease: nobody
+// has to delete anything by hand. (Before, every later Open failed until
+// someone deleted the schema_lock row.)
+func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
+	setLease(t, time.Second)
+	dsn := testdb.NewEmpty(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childModeEnv+"=migrator", childDSNEnv+"="+dsn)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ch := &child{cmd: cmd, lines: make(chan string, 4)}
+	go func() {
+		buf := make([]byte, 256)
+		n, _ := out.Read(buf)
+		ch.lines <- strings.TrimSpace(string(buf[:n]))
+		close(ch.lines)
+	}()
+	ch.next(t, "locked")
+	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait()
+	lock, err := ReadMigrationLock(context.Background(), dsn)
+	if err != nil || lock == nil || !lock.Live {
+		t.Fatalf("ReadMigrationLock after the kill = %+v, %v; want the dead migrator's live lease", lock, err)
+	}
+
+	start := time.Now()
+	cfg := Config{DSN: dsn, ComponentName: "next"}
+	cockroachMode(&cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := Open(ctx, cfg)
+	if err != nil {
+		t.Fatalf("Open after a migrator died holding the lock: %v", err)
+	}
+	c.Close()
+	took := time.Since(start)
+	t.Logf("Open after the killed migrator took %v (lease %v)", took, time.Duration(migrationLease.Load()))
+	if took > 4*time.Second {
+		t.Errorf("Open waited %v for a dead migrator's lock", took)
+	}
+}
+
+// runMigratorChild takes the migration lock and golang-migrate's
+// cockroachdb lock row as a migrator does, says "locked", and waits to be
+// killed.
+func runMigratorChild() int {
+	migrationLease.Store(int64(time.Second))
+	ctx := context.Background()
+	conn, err := newConnector(os.Getenv(childDSNEnv), time.Second, connSettings{}, nil)
+	if err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	db := sql.OpenDB(conn)
+	if _, err := acquireMigrationLock(ctx, db, "doomed migrator"); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	if _, err := db.Exec("INSERT INTO schema_lock (lock_id) VALUES (4242)"); err != nil {
+		fmt.Println("error", err)
+		return 1
+	}
+	fmt.Println("locked")
+	select {}
+}
+
+// ClearMigrationLock removes a lease and a driver lock row; with none it
+// reports nothing cleared.
+func TestClearMigrationLock(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.New(t)
+	db := openRaw(t, dsn)
+	ctx := context.Background()
+	if cleared, err := ClearMigrationLock(ctx, dsn); err != nil || cleared {
+		t.Fatalf("ClearMigrationLock with no lock = %v, %v", cleared, err)
+	}
+	lock, err := acquireMigrationLock(ctx, db, "stuck")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.release()
+	if cleared, err := ClearMigrationLock(ctx, dsn); err != nil || !cleared {
+		t.Fatalf("ClearMigrationLock = %v, %v", cleared, err)
+	}
+	if l, err := ReadMigrationLock(ctx, dsn); err != nil || l != nil {
+		t.Fatalf("lock after clearing: %+v, %v", l, err)
+	}
+}
+
+// On CockroachDB, now() keeps its value across a transaction's savepoint
+// restarts: a heartbeat retried after its session expired must still see
+// it expired. Here the deadline is moved to just ahead, the poke extends
+// it, its RELEASE fails with 40001, and the retry runs after the old
+// deadline: it must not extend the session (with now() it would).
+func TestCockroachRetriedHeartbeatOfExpiredSessionRefused(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(cockroachMode, func(c *Config) { c.SessionInterval = 2 * time.Second })
+	s := e.session(c)
+	var stage atomic.Int32 // 0 idle, 1 armed, 2 poke ran, 3 injected
+	c.faults.hook = func(query string) error {
+		switch {
+		case stage.Load() == 1 && strings.Contains(query, "UPDATE sessions") && strings.Contains(query, "SET deadline"):
+			stage.Store(2)
+		case stage.Load() == 2 && query == sqlRelease:
+			stage.Store(3)
+			time.Sleep(300 * time.Millisecond) // past the old deadline
+			return injected(codeSerializationFailure, "restart transaction (injected at RELEASE after a heartbeat)")
+		}
+		return nil
+	}
+	// Just ahead: the armed poke sees the session alive, its retry does not.
+	e.exec("UPDATE sessions SET deadline = clock_timestamp() + INTERVAL '200 milliseconds' WHERE session_id = $1", s.ID())
+	stage.Store(1)
+	waitDone(t, s, 5*time.Second)
+	if stage.Load() != 3 {
+		t.Fatalf("stage %d: the retry was not forced", stage.Load())
+	}
+	if !errors.Is(s.Err(), ErrSessionExpired) || !strings.Contains(s.Err().Error(), "database clock") {
+		t.Errorf("session ended with %v, want expiry on the database clock", s.Err())
+	}
+	if e.aliveInDB(s.ID()) {
+		t.Errorf("the retried heartbeat extended an expired session")
+	}
+	if st := c.Stats(); st.TxCommitRetries == 0 {
+		t.Errorf("stats %+v: the RELEASE retry was not counted", st)
+	}
+}
+
+// Retries exhausted at RELEASE (CockroachDB's commit point) carry the last
+// error and count as commit retries. (Before, Last was nil.)
+func TestCockroachRetriesExhaustedAtRelease(t *testing.T) {
+	e := newEnv(t)
+	c := e.open(cockroachMode, func(c *Config) { c.MaxTxAttempts = 5 })
+	s := e.session(c)
+	c.faults.hook = func(query string) error {
+		if query == sqlRelease {
+			return injected(codeSerializationFailure, "restart transaction (injected at RELEASE)")
+		}
+		return nil
+	}
+	start := time.Now()
+	err := s.Transact(context.Background(), func(tx *Tx) error {
+		_, err := tx.Queries().MachineCreate(context.Background())
+		return err
+	})
+	var exhausted *RetriesExhaustedError
+	if !errors.As(err, &exhausted) || exhausted.Attempts != 5 || sqlState(exhausted.Last) != codeSerializationFailure ||
+		!strings.Contains(exhausted.Last.Error(), "RELEASE") {
+		t.Fatalf("Transact = %v, want RetriesExhaustedError after 5 attempts with RELEASE's error", err)
+	}
+	if st := c.Stats(); st.TxCommitRetries < 4 || st.TxRetries < 4 {
+		t.Errorf("stats %+v: RELEASE retries not counted", st)
+	}
+	if n := e.count("SELECT count(*) FROM machines"); n != 0 {
+		t.Errorf("%d machines committed", n)
+	}
+	t.Logf("%v in %v (jittered waits between restarts)", err, time.Since(start))
+}
+
+// A 40003 or a lost connection at the commit point is ErrAmbiguousCommit,
+// whether the transaction committed or not; a Work resolves its own
+// ambiguous claim.
+func TestCockroachAmbiguousCommit(t *testing.T) {
+	e := newEnv(t)
+	// A long interval: no heartbeat commits while a fate is armed.
+	c := e.open(cockroachMode, func(c *Config) { c.SessionInterval = 20 * time.Second })
+	s := e.session(c)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		fate      int32
+		committed bool
+	}{
+		{"40003 after commit", commitThen40003, true},
+		{"40003 before commit", rollbackThen40003, false},
+		{"lost after commit", commitThenLost, true},
+		{"lost before commit", rollbackThenLost, false},
+	} {
+		m := e.machine()
+		c.faults.nextCommit.Store(tc.fate)
+		w, err := s.Work(ctx, "install", retrieveAll(m))
+		if tc.committed {
+			if err != nil {
+				t.Errorf("%s: Work = %v, want its claim found", tc.name, err)
+				continue
+			}
+			if err := w.Finish(ctx, noCommit); err != nil {
+				t.Errorf("%s: Finish = %v", tc.name, err)
+			}
+		} else if !errors.Is(err, ErrAmbiguousCommit) {
+			t.Errorf("%s: Work = %v, want ErrAmbiguousCommit", tc.name, err)
+		}
+		if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", m); n != 0 {
+			t.Errorf("%s: claim left behind", tc.name)
+		}
+
+		c.faults.nextCommit.Store(tc.fate)
+		err = s.Transact(ctx, func(tx *Tx) error {
+			_, err := tx.DBTX().ExecContext(ctx, "UPDATE machines SET machine_created_at = '2000-01-01' WHERE machine_id = $1", m)
+			return err
+		})
+		if !errors.Is(err, ErrAmbiguousCommit) {
+			t.Errorf("%s: Transact = %v, want ErrAmbiguousCommit", tc.name, err)
+		}
+		updated := e.count("SELECT count(*) FROM machines WHERE machine_id = $1 AND machine_created_at = '2000-01-01'", m) == 1
+		if updated != tc.committed {
+			t.Errorf("%s: committed %v, want %v", tc.name, updated, tc.committed)
+		}
+	}
+}
+
+// The clock margin is Config.MaxClockOffset: a session counts itself dead
+// that much before the interval on CockroachDB, and an interval with less
+// than half of it left is refused.
+func TestCockroachClockMargin(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.config()
+	cockroachMode(&cfg)
+	cfg.SessionInterval = 900 * time.Millisecond
+	if _, err := Open(context.Background(), cfg); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "MaxClockOffset") {
+		t.Fatalf("Open with a 900ms interval and the default offset = %v, want ErrInvalidArgument naming MaxClockOffset", err)
+	}
+	c := e.open(cockroachMode, func(c *Config) { c.MaxClockOffset = 300 * time.Millisecond })
+	c.hooks.beforePoke = func(context.Context) error { return errors.New("injected: unreachable") }
+	start := time.Now()
+	s := e.session(c)
+	waitDone(t, s, 3*testInterval)
+	took := time.Since(start)
+	if took < 650*time.Millisecond || took > 850*time.Millisecond {
+		t.Errorf("session ended %v after its last heartbeat, want interval less the offset (700ms)", took)
+	}
+}
+
+// docs/roles.sql's worker role opens on CockroachDB's path too, with
+// migrations off, without any grant on golang-migrate's lock table.
+func TestLeastPrivilegeRolesCockroachPath(t *testing.T) {
+	leastPrivilegeRoles(t, true)
+}
