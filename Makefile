@@ -8,9 +8,16 @@ BIN                 := $(CURDIR)/.bin
 SQLC                := $(BIN)/sqlc-$(SQLC_VERSION)
 STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
-# The test command of README.md and .ci/run. BMDB_TEST_DSN, when set, names
-# the server to test against (PostgreSQL or CockroachDB) instead.
-GO_TEST := go test -race -count=1 -timeout 20m ./...
+# The test command of README.md and .ci/run: every package, then the core,
+# worker and chaos tests again in cockroach mode (internal/crdbmode: bmdb's
+# CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
+# ambiguous commits only for the chaos run, whose checker tolerates them).
+# BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
+# CockroachDB) instead of a throwaway one.
+GO_TEST := go test -race -count=1 -timeout 20m
+TESTS   := $(GO_TEST) ./... && \
+	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ && \
+	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
 
 .PHONY: all demo test generate verify lint check bench clean
 
@@ -26,9 +33,10 @@ demo:
 	scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 
 ## test: run every test with the race detector against a throwaway
-## PostgreSQL (or the server in BMDB_TEST_DSN).
+## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker and
+## chaos tests in cockroach mode.
 test:
-	scripts/with-pg BMDB_TEST_DSN $(GO_TEST)
+	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'
 
 ## generate: regenerate model/ from migrations/ and queries/ with sqlc.
 generate: $(SQLC)

@@ -17,22 +17,55 @@
 // Claims are rows that die with their session. Session.Work inserts a row in
 // the work table whose primary key is (machine, process): two live claims of
 // the same machine for the same process cannot both commit. A claim whose
-// session has expired blocks nobody: the next Work takes it over in the same
-// transaction and records it as Abandoned. Expired sessions are deleted by
-// garbage collection that every live session runs periodically.
+// session has expired blocks nobody: the next Work that wants it deletes
+// that session in its own transaction, recording each of its claims as
+// Abandoned, and takes the machine. Expired sessions nobody took over are
+// deleted by garbage collection that every live session runs periodically.
 //
 // Every transaction re-checks its session. Session.Transact, Work, and the
 // Work's Finish, Cancel and Fail run in SERIALIZABLE transactions whose first
-// statement checks deadline > now(); Finish, Cancel and Fail also delete
-// their claim only if this session still holds it. So a worker that was
-// partitioned, stalled or killed commits nothing after it lost its claim:
-// a takeover and a late Finish conflict, and only one of them commits.
+// statement checks deadline > statement_timestamp() and locks the session
+// row FOR KEY SHARE, and whose last statement, right before COMMIT, checks
+// the local deadline and the database clock again; Finish, Cancel and Fail
+// also delete their claim only if this session still holds it. So a worker
+// that was partitioned, stalled or killed commits nothing after it lost its
+// claim.
 //
-// Transactions are retried on serialization failures (SQLSTATE 40001):
-// on CockroachDB by crdb.ExecuteTx's savepoint restart, on PostgreSQL by
-// running the whole transaction again, after a jittered capped wait. Every
-// callback may therefore run several times; it must touch nothing outside
-// the database and wrap errors with %w.
+// # Stalls and partitions
+//
+// A session ends locally by a timer at its local deadline, whatever its
+// heartbeat is doing, and every call that touches the network is bounded by
+// its context even when the network swallows packets: bmdb's driver wrapper
+// cuts the socket when the call's context ends, and never reuses that
+// connection (lib/pq alone would wait for the operating system). A Session's
+// transactions run under its context, so none outlives the session.
+//
+// The server bounds a client that stalls or vanishes: each connection has
+// lock_timeout = SessionInterval/4 and idle_in_transaction_session_timeout
+// = SessionInterval, and the last check before COMMIT lowers the latter to
+// the lease the session has left. A takeover (or GC) deletes the superseded
+// session's row, which every transaction of that session holds with FOR
+// KEY SHARE: the takeover waits for such a transaction to end, or aborts
+// it, and is never ordered after it. What is guaranteed, with the figures
+// measured by this package's tests (1 s interval, PostgreSQL 15):
+//
+//   - A worker's session context is cancelled no later than its deadline on
+//     the database clock, on a black-holed network too (measured: within
+//     ±0.5 ms of it, the precision of the measurement).
+//   - No transaction of a session commits after another session took one of
+//     its claims over, nor after the session's deadline on the database
+//     clock: a transaction stopped anywhere between its first check and its
+//     COMMIT, for longer than its lease, fails when it resumes and none of
+//     its writes are visible (TestStalledTransactionCommitsNothingAfterTakeover,
+//     TestPartitionBeforeCommitFencesFinish). The only window is a COMMIT
+//     that reached the server before the deadline and is still being
+//     processed at it.
+//   - A takeover waits behind a stalled or partitioned holder for at most
+//     about one interval after the holder's deadline, however long the
+//     stall (measured: 70-120 ms).
+//   - Side effects outside the database are not fenced by the database: use
+//     Work.FencingToken, which grows with every claim of a (machine,
+//     process), and have the external system refuse older tokens.
 //
 // Claims scale by batches. On PostgreSQL, SERIALIZABLE tracks reads of the
 // small, hot work index per page, so concurrent claim transactions abort

@@ -31,6 +31,9 @@ type env struct {
 }
 
 // newEnv gives a test its database with a "done" tag table and n machines.
+// loopApp is the application_name of the loop's connections.
+const loopApp = "worker-test-loop"
+
 func newEnv(t *testing.T, n int) *env {
 	t.Helper()
 	t.Parallel()
@@ -48,7 +51,7 @@ func newEnv(t *testing.T, n int) *env {
 	}
 	// Long enough that a loaded machine does not expire sessions by accident:
 	// tests of expiry force it in the database.
-	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "worker-test", SessionInterval: 3 * time.Second})
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: testdb.WithApplicationName(t, dsn, loopApp), ComponentName: "worker-test", SessionInterval: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -428,9 +431,7 @@ func TestLoopSurvivesKilledConnections(t *testing.T) {
 		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
 			// Kill every connection of the loop to the database, as a
 			// restart would, right before Finish.
-			var n int64
-			err := e.db.QueryRowContext(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n)
+			n, err := testdb.KillConnections(ctx, e.db, loopApp)
 			if err != nil {
 				return nil, err
 			}

@@ -59,9 +59,13 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 	steps := fs.Int("steps", 1, "migrate down: how many migrations to revert")
 	return func(ctx context.Context, c *common, args []string) error {
 		if len(args) != 1 {
-			return usagef("migrate needs one of up, down, version")
+			return usagef("migrate needs one of up, down, version, lock, unlock")
 		}
 		switch args[0] {
+		case "lock":
+			return showMigrationLock(ctx, c)
+		case "unlock":
+			return clearMigrationLock(ctx, c)
 		case "up":
 			if err := bmdb.MigrateUp(ctx, c.dsn); err != nil {
 				return err
@@ -75,7 +79,7 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 			}
 		case "version":
 		default:
-			return usagef("migrate %q: want up, down or version", args[0])
+			return usagef("migrate %q: want up, down, version, lock or unlock", args[0])
 		}
 		info, err := bmdb.ReadSchemaInfo(ctx, c.dsn)
 		if err != nil {
@@ -89,6 +93,41 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 		}{info.Database, info.Binary, info.Dirty}, info.Database, info.Binary, info.Dirty)
 		return t.print(c.out, c.json)
 	}
+}
+
+// showMigrationLock prints the migration lock: who holds it, since when,
+// and whether its lease is still live.
+func showMigrationLock(ctx context.Context, c *common) error {
+	lock, err := bmdb.ReadMigrationLock(ctx, c.dsn)
+	if err != nil {
+		return err
+	}
+	t := &table{header: []string{"HOLDER", "INFO", "ACQUIRED", "DEADLINE", "LIVE"}}
+	if lock != nil {
+		t.add(struct {
+			Holder     uuid.UUID `json:"holder"`
+			HolderInfo string    `json:"holder_info"`
+			AcquiredAt time.Time `json:"acquired_at"`
+			Deadline   time.Time `json:"deadline"`
+			Live       bool      `json:"live"`
+		}{lock.Holder, lock.HolderInfo, lock.AcquiredAt, lock.Deadline, lock.Live},
+			lock.Holder, lock.HolderInfo, lock.AcquiredAt, lock.Deadline, lock.Live)
+	}
+	return t.print(c.out, c.json)
+}
+
+// clearMigrationLock deletes the migration lock (and golang-migrate's
+// cockroachdb lock row), live or not.
+func clearMigrationLock(ctx context.Context, c *common) error {
+	cleared, err := bmdb.ClearMigrationLock(ctx, c.dsn)
+	if err != nil {
+		return err
+	}
+	t := &table{header: []string{"CLEARED"}}
+	t.add(struct {
+		Cleared bool `json:"cleared"`
+	}{cleared}, cleared)
+	return t.print(c.out, c.json)
 }
 
 type sessionRecord struct {

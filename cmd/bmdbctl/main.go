@@ -7,6 +7,7 @@
 // Commands:
 //
 //	migrate up | down [--steps N] | version
+//	migrate lock | unlock          show, or clear, the migration lock
 //	sessions                       live sessions, with seconds until their deadline
 //	work [--process P]             current claims, with their component and age
 //	backoffs [--process P]         backoffs in force, with cause and time left
@@ -59,7 +60,7 @@ type command struct {
 }
 
 var commands = []command{
-	{"migrate", "migrate up | down [--steps N] | version", migrateCommand},
+	{"migrate", "migrate up | down [--steps N] | version | lock | unlock", migrateCommand},
 	{"sessions", "live sessions", sessionsCommand},
 	{"work", "current claims [--process P]", workCommand},
 	{"backoffs", "backoffs in force [--process P]", backoffsCommand},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -233,6 +234,28 @@ func TestMigrateAndGC(t *testing.T) {
 	}
 	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, fmt.Sprintf(`"database_version": %d,`, info.Binary)) {
 		t.Errorf("migrate up:\n%s", out)
+	}
+	// The migration lock: none, then one left by a migrator that died, which
+	// unlock clears.
+	if out := ok(t, dsn, "migrate", "lock"); !strings.Contains(out, "(none)") {
+		t.Errorf("migrate lock with no migrator:\n%s", out)
+	}
+	raw, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Exec(`INSERT INTO bmdb_migration_lock VALUES (1, gen_random_uuid(), 'dead migrator', now(), now() + INTERVAL '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	if out := ok(t, dsn, "migrate", "lock", "--json"); !strings.Contains(out, `"holder_info": "dead migrator"`) || !strings.Contains(out, `"live": true`) {
+		t.Errorf("migrate lock:\n%s", out)
+	}
+	if out := ok(t, dsn, "migrate", "unlock", "--json"); !strings.Contains(out, `"cleared": true`) {
+		t.Errorf("migrate unlock:\n%s", out)
+	}
+	if out := ok(t, dsn, "migrate", "lock"); !strings.Contains(out, "(none)") {
+		t.Errorf("migrate lock after unlock:\n%s", out)
 	}
 	// gc deletes a session expired long ago.
 	ctx := context.Background()

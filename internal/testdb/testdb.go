@@ -257,3 +257,56 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// WithApplicationName returns dsn (URL form) with application_name set, so
+// that KillConnections and Connections can find its connections.
+func WithApplicationName(t testing.TB, dsn, app string) string {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("testdb: DSN is not a URL: %v", err)
+	}
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Statements of KillConnections and Connections, per engine.
+const (
+	pgKillSQL = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = $1`
+	pgCountSQL    = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`
+	crdbCountSQL  = `SELECT count(*) FROM [SHOW CLUSTER SESSIONS] WHERE application_name = $1`
+	crdbCancelSQL = `CANCEL SESSIONS (SELECT session_id FROM [SHOW CLUSTER SESSIONS] WHERE application_name = $1)`
+)
+
+// KillConnections ends the server side of every connection to the test
+// database whose application_name is app, as a restart would: with
+// pg_terminate_backend on PostgreSQL, CANCEL SESSIONS on CockroachDB. It
+// returns how many it ended.
+func KillConnections(ctx context.Context, db *sql.DB, app string) (int64, error) {
+	if !cockroach {
+		var n int64
+		err := db.QueryRowContext(ctx, pgKillSQL, app).Scan(&n)
+		return n, err
+	}
+	var n int64
+	if err := db.QueryRowContext(ctx, crdbCountSQL, app).Scan(&n); err != nil || n == 0 {
+		return 0, err
+	}
+	_, err := db.ExecContext(ctx, crdbCancelSQL, app)
+	return n, err
+}
+
+// Connections counts the server's connections whose application_name is
+// app.
+func Connections(ctx context.Context, db *sql.DB, app string) (int, error) {
+	q := pgCountSQL
+	if cockroach {
+		q = crdbCountSQL
+	}
+	var n int
+	err := db.QueryRowContext(ctx, q, app).Scan(&n)
+	return n, err
+}
