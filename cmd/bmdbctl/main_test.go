@@ -295,7 +295,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"work", "--bogus"}, 2, "flag provided but not defined"},
 		{[]string{"backoff", "clear", "--machine", uuid.NewString()}, 2, "--process is required"},
 		{[]string{"backoff", "reset"}, 2, "clear"},
-		{[]string{"migrate", "sideways"}, 2, "up, down or version"},
+		{[]string{"migrate", "sideways"}, 2, "up, down, version, lock or unlock"},
 		{[]string{"history", "prune"}, 2, "--older-than"},
 		{[]string{"sessions"}, 1, "127.0.0.1:1"}, // unreachable: a failure, not a usage error
 	} {

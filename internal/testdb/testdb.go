@@ -302,11 +302,11 @@ func KillConnections(ctx context.Context, db *sql.DB, app string) (int64, error)
 // Connections counts the server's connections whose application_name is
 // app.
 func Connections(ctx context.Context, db *sql.DB, app string) (int, error) {
-	q := pgCountSQL
-	if cockroach {
-		q = crdbCountSQL
-	}
 	var n int
-	err := db.QueryRowContext(ctx, q, app).Scan(&n)
+	if cockroach {
+		err := db.QueryRowContext(ctx, crdbCountSQL, app).Scan(&n)
+		return n, err
+	}
+	err := db.QueryRowContext(ctx, pgCountSQL, app).Scan(&n)
 	return n, err
 }
