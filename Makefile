@@ -38,14 +38,19 @@ demo:
 test:
 	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'
 
-## generate: regenerate model/ from migrations/ and queries/ with sqlc.
-generate: $(SQLC)
-	$(SQLC) generate
+# The sqlc configurations: bmdb's (model/, internal/store/) and the example
+# application's (cmd/worker-example/pipeline/pipelinedb/).
+SQLC_DIRS := . cmd/worker-example/pipeline
 
-## verify: fail if the committed model/ differs from what sqlc generates.
+## generate: regenerate the sqlc code of bmdb (model/, internal/store/ from
+## migrations/ and queries/) and of the example application.
+generate: $(SQLC)
+	for d in $(SQLC_DIRS); do (cd $$d && $(SQLC) generate) || exit 1; done
+
+## verify: fail if any committed sqlc output differs from what sqlc generates.
 verify: $(SQLC)
-	$(SQLC) diff
-	@echo "model/ is up to date"
+	for d in $(SQLC_DIRS); do (cd $$d && $(SQLC) diff) || exit 1; done
+	@echo "sqlc output is up to date"
 
 ## lint: gofmt, go vet and staticcheck.
 lint: $(STATICCHECK)

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // The hot paths, for go test -bench and benchstat:
@@ -112,7 +112,7 @@ func BenchmarkHeartbeatPoke(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		n, err := model.New(tx).SessionPoke(ctx, sess.ID())
+		n, err := store.New(tx).SessionPoke(ctx, sess.ID())
 		if err != nil || n != 1 {
 			b.Fatalf("poke: %d rows, %v", n, err)
 		}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // Backoff says how long a failed (machine, process) is kept from being
@@ -69,12 +69,12 @@ func (b Backoff) wait(d time.Duration, u float64) time.Duration {
 
 // apply puts (machine, process) in backoff inside tx.
 func (b Backoff) apply(ctx context.Context, tx *Tx, machine uuid.UUID, process, cause string) error {
-	prevSeconds, err := tx.q.WorkBackoffInterval(ctx, model.WorkBackoffIntervalParams{MachineID: machine, Process: process})
+	prevSeconds, err := tx.q.WorkBackoffInterval(ctx, store.WorkBackoffIntervalParams{MachineID: machine, Process: process})
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("bmdb: reading backoff of %q on %s: %w", process, machine, err)
 	}
 	interval := b.next(time.Duration(prevSeconds * float64(time.Second)))
-	err = tx.q.WorkBackoffUpsert(ctx, model.WorkBackoffUpsertParams{
+	err = tx.q.WorkBackoffUpsert(ctx, store.WorkBackoffUpsertParams{
 		MachineID:       machine,
 		Process:         process,
 		WaitSeconds:     b.wait(interval, rand.Float64()).Seconds(),
@@ -99,18 +99,18 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 	}
 	reason = truncateCause(reason)
 	err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
-		n, err := tx.q.WorkBackoffDelete(ctx, model.WorkBackoffDeleteParams{MachineID: machine, Process: process})
+		n, err := tx.q.WorkBackoffDelete(ctx, store.WorkBackoffDeleteParams{MachineID: machine, Process: process})
 		if err != nil {
 			return fmt.Errorf("bmdb: clearing backoff of %q on %s: %w", process, machine, err)
 		}
 		if n == 0 {
 			return fmt.Errorf("%w: %q on %s", ErrNoBackoff, process, machine)
 		}
-		err = tx.q.WorkHistoryInsert(ctx, model.WorkHistoryInsertParams{
+		err = tx.q.WorkHistoryInsert(ctx, store.WorkHistoryInsertParams{
 			MachineID:     machine,
 			Process:       process,
 			SessionID:     s.id,
-			Event:         model.WorkHistoryEventBackoffCleared,
+			Event:         store.WorkHistoryEventBackoffCleared,
 			FailedCause:   sql.NullString{String: reason, Valid: reason != ""},
 			ComponentName: sql.NullString{String: s.conn.cfg.ComponentName, Valid: true},
 		})
@@ -120,7 +120,7 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 		return nil
 	})
 	if err == nil {
-		s.conn.metrics.workEvent(process, model.WorkHistoryEventBackoffCleared)
+		s.conn.metrics.workEvent(process, store.WorkHistoryEventBackoffCleared)
 	}
 	return err
 }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // MaxBatch is the largest limit of WorkBatch and the most Works FinishAll
@@ -92,7 +92,7 @@ func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *
 	case err == nil:
 		for _, w := range works {
 			w.ended = true
-			s.conn.metrics.workEvent(w.process, model.WorkHistoryEventFinished)
+			s.conn.metrics.workEvent(w.process, store.WorkHistoryEventFinished)
 		}
 	case errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed):
 		for _, w := range works {
@@ -113,7 +113,7 @@ func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group
 	for i, w := range group {
 		ids[i], claimIDs[i] = w.machine, w.claimID
 	}
-	ended, err := tx.q.WorkFinishMany(ctx, model.WorkFinishManyParams{
+	ended, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
 		MachineIds: ids, ClaimIds: claimIDs, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	if err != nil {
@@ -130,7 +130,7 @@ func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group
 			}
 		}
 	}
-	if err := tx.q.WorkBackoffDeleteMany(ctx, model.WorkBackoffDeleteManyParams{MachineIds: ids, Process: process}); err != nil {
+	if err := tx.q.WorkBackoffDeleteMany(ctx, store.WorkBackoffDeleteManyParams{MachineIds: ids, Process: process}); err != nil {
 		return nil, fmt.Errorf("bmdb: FinishAll: clearing backoffs of %q: %w", process, err)
 	}
 	return nil, nil

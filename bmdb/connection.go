@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // engine is the database product behind a Connection.
@@ -49,7 +49,7 @@ type Connection struct {
 	// prepared holds every model query prepared on the pool (once per
 	// pooled connection): a transaction's statements skip parsing and
 	// planning, and run in one round trip each.
-	prepared *model.Queries
+	prepared *store.Queries
 	// faults injects CockroachDB's errors in cockroach mode; nil: none.
 	faults *faults
 	// claimSlots bounds concurrent claim transactions (ClaimConcurrency);
@@ -144,7 +144,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 		db.Close()
 		return nil, err
 	}
-	if c.prepared, err = model.Prepare(ctx, db); err != nil {
+	if c.prepared, err = store.Prepare(ctx, db); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("bmdb: preparing statements: %w", redactError(contextError(ctx, err), cfg.DSN))
 	}

@@ -238,7 +238,7 @@ func TestCockroachRetriesExhaustedAtRelease(t *testing.T) {
 	}
 	start := time.Now()
 	err := s.Transact(context.Background(), func(tx *Tx) error {
-		_, err := tx.Queries().MachineCreate(context.Background())
+		_, err := tx.CreateMachines(context.Background(), 1)
 		return err
 	})
 	var exhausted *RetriesExhaustedError

@@ -6,7 +6,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // gcBatch bounds the sessions one GC transaction deletes.
@@ -31,7 +31,7 @@ func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 		var deleted int64
 		var abandoned []string
 		err := c.transact(ctx, func(tx *Tx) error {
-			ids, err := tx.q.SessionLockExpired(ctx, model.SessionLockExpiredParams{GraceSeconds: grace, RowLimit: gcBatch})
+			ids, err := tx.q.SessionLockExpired(ctx, store.SessionLockExpiredParams{GraceSeconds: grace, RowLimit: gcBatch})
 			if err != nil {
 				return fmt.Errorf("bmdb: locking expired sessions: %w", err)
 			}
@@ -42,7 +42,7 @@ func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 			return total, err
 		}
 		total += deleted
-		c.metrics.workEvents(abandoned, model.WorkHistoryEventAbandoned)
+		c.metrics.workEvents(abandoned, store.WorkHistoryEventAbandoned)
 		if deleted < gcBatch {
 			return total, nil
 		}

@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // Metrics are bmdb's Prometheus collectors. Create them once per registry
@@ -102,11 +102,11 @@ func (m *Metrics) forComponent(component string) *componentMetrics {
 	}
 }
 
-func (cm *componentMetrics) workEvent(process string, event model.WorkHistoryEvent) {
+func (cm *componentMetrics) workEvent(process string, event store.WorkHistoryEvent) {
 	cm.m.workEvents.WithLabelValues(cm.component, process, string(event)).Inc()
 }
 
-func (cm *componentMetrics) workEvents(processes []string, event model.WorkHistoryEvent) {
+func (cm *componentMetrics) workEvents(processes []string, event store.WorkHistoryEvent) {
 	for _, p := range processes {
 		cm.workEvent(p, event)
 	}

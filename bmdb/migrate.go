@@ -20,7 +20,7 @@ import (
 
 	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/migrations"
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // Schemas are migrated by golang-migrate, one source after the other:
@@ -139,19 +139,19 @@ func (src *schemaSource) versionError(v schemaVersion) error {
 // migration in (latest, v] declared latest's binaries compatible.
 func checkNewerSchema(ctx context.Context, db *sql.DB, src *schemaSource, v uint) error {
 	tooNew := &SchemaVersionError{Err: ErrSchemaTooNew, Schema: src.name, Database: v, Binary: src.latest}
-	var row model.SchemaCompatOldestRow
+	var row store.SchemaCompatOldestRow
 	var err error
-	q := model.New(db)
+	q := store.New(db)
 	if src.name == bmdbSourceName {
-		row, err = q.SchemaCompatOldest(ctx, model.SchemaCompatOldestParams{
+		row, err = q.SchemaCompatOldest(ctx, store.SchemaCompatOldestParams{
 			KnownVersion: int64(src.latest), DatabaseVersion: int64(v),
 		})
 	} else {
-		var app model.AppSchemaCompatOldestRow
-		app, err = q.AppSchemaCompatOldest(ctx, model.AppSchemaCompatOldestParams{
+		var app store.AppSchemaCompatOldestRow
+		app, err = q.AppSchemaCompatOldest(ctx, store.AppSchemaCompatOldestParams{
 			Application: src.name, KnownVersion: int64(src.latest), DatabaseVersion: int64(v),
 		})
-		row = model.SchemaCompatOldestRow(app)
+		row = store.SchemaCompatOldestRow(app)
 	}
 	switch {
 	case sqlState(err) == codeUndefinedTable: // nothing declared

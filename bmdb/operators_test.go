@@ -100,9 +100,9 @@ func TestOperatorViewsAndIndexes(t *testing.T) {
 	if err != nil || len(backoffs) != 1 || backoffs[0].Cause != "no disk" || backoffs[0].SecondsLeft <= 0 {
 		t.Errorf("active_backoffs = %+v, %v", backoffs, err)
 	}
-	status, err := e.q.MachineStatusGet(ctx, m)
-	if err != nil || status.Stage != "new" || status.LiveClaims != 1 || status.ActiveBackoffs != 1 {
-		t.Errorf("machine_status = %+v, %v", status, err)
+	status, err := e.q.MachineOverviewGet(ctx, m)
+	if err != nil || status.LiveClaims != 1 || status.ExpiredClaims != 0 || status.ActiveBackoffs != 1 {
+		t.Errorf("machine_overview = %+v, %v", status, err)
 	}
 
 	// 50k history rows over 5000 machines and 5 processes, a month of them.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // PruneHistoryBatchDefault is the batch size PruneHistory uses for batch 0.
@@ -33,7 +33,7 @@ func (c *Connection) PruneHistory(ctx context.Context, olderThan time.Duration, 
 		var n int64
 		err := c.transact(ctx, func(tx *Tx) error {
 			var err error
-			n, err = tx.q.WorkHistoryPrune(ctx, model.WorkHistoryPruneParams{OlderThanSeconds: olderThan.Seconds(), BatchSize: int32(batch)})
+			n, err = tx.q.WorkHistoryPrune(ctx, store.WorkHistoryPruneParams{OlderThanSeconds: olderThan.Seconds(), BatchSize: int32(batch)})
 			return err
 		})
 		if err != nil {

@@ -14,7 +14,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/internal/wait"
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // Session is a component's liveness in the database: a sessions row whose
@@ -62,7 +62,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 	var id uuid.UUID
 	err := c.transact(ctx, func(tx *Tx) error {
 		var err error
-		id, err = tx.q.SessionStart(ctx, model.SessionStartParams{
+		id, err = tx.q.SessionStart(ctx, store.SessionStartParams{
 			ComponentName:   c.cfg.ComponentName,
 			RuntimeInfo:     c.cfg.RuntimeInfo,
 			IntervalSeconds: c.cfg.SessionInterval.Seconds(),
@@ -136,17 +136,17 @@ func (s *Session) Close(ctx context.Context) error {
 func (s *Session) release(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.interval)
 	defer cancel()
-	var event model.WorkHistoryEvent
+	var event store.WorkHistoryEvent
 	var ended []string
 	err := s.conn.transact(ctx, func(tx *Tx) error {
-		event = model.WorkHistoryEventCanceled
+		event = store.WorkHistoryEventCanceled
 		if _, err := tx.q.SessionCheck(ctx, s.id); errors.Is(err, sql.ErrNoRows) {
-			event = model.WorkHistoryEventAbandoned
+			event = store.WorkHistoryEventAbandoned
 		} else if err != nil {
 			return err
 		}
 		var err error
-		ended, err = tx.q.WorkEndSession(ctx, model.WorkEndSessionParams{
+		ended, err = tx.q.WorkEndSession(ctx, store.WorkEndSessionParams{
 			Event: event, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 		})
 		if err != nil {
@@ -303,7 +303,7 @@ func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
 	}
 	left := time.Until(*s.localDeadline.Load())
 	maxIdle := min(left, s.conn.settings.idleInTransaction)
-	_, err := tx.q.SessionCheckBeforeCommit(ctx, model.SessionCheckBeforeCommitParams{
+	_, err := tx.q.SessionCheckBeforeCommit(ctx, store.SessionCheckBeforeCommitParams{
 		SessionID: s.id, MaxIdleMs: max(maxIdle.Milliseconds(), 1),
 	})
 	switch {

@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
+	"github.com/google/uuid"
 
+	"github.com/bmdb-dev/bmdb/internal/store"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 	"github.com/bmdb-dev/bmdb/model"
 )
@@ -18,21 +20,48 @@ import (
 // callback it was passed to, and not safe for concurrent use.
 type Tx struct {
 	tx *sql.Tx
-	q  *model.Queries
+	q  *store.Queries // bmdb's own statements, prepared
+	r  *model.Queries // the read-only ones handed to callbacks
 }
 
-// newTx wraps one attempt's transaction; its queries use the connection's
-// prepared statements.
-func (c *Connection) newTx(tx *sql.Tx) *Tx { return &Tx{tx: tx, q: c.prepared.WithTx(tx)} }
+// newTx wraps one attempt's transaction; bmdb's statements use the
+// connection's prepared statements.
+func (c *Connection) newTx(tx *sql.Tx) *Tx {
+	return &Tx{tx: tx, q: c.prepared.WithTx(tx), r: model.New(tx)}
+}
 
-// Queries returns bmdb's generated queries bound to the transaction.
-func (t *Tx) Queries() *model.Queries { return t.q }
+// Queries returns bmdb's read-only queries (the operator views, a
+// machine's history and backoffs, MachinesWithoutWork, ...) bound to the
+// transaction. bmdb's own write statements are not among them: claims,
+// ends, sessions and backoffs change only through Session and Work, which
+// check and fence them. (Package model has no write statement at all;
+// bmdb's are in an internal package.)
+func (t *Tx) Queries() *model.Queries { return t.r }
 
 // DBTX returns the transaction as the interface sqlc generates for
 // database/sql, so that an application passes it to its own sqlc package's
 // New and runs its queries atomically with bmdb's. Do not commit or roll it
-// back: bmdb does.
+// back: bmdb does. It reaches every table, bmdb's included: leave bmdb's
+// tables to bmdb's API (docs/roles.sql keeps a worker role from DDL, not
+// from that).
 func (t *Tx) DBTX() model.DBTX { return t.tx }
+
+// MaxCreateMachines bounds CreateMachines.
+const MaxCreateMachines = 100000
+
+// CreateMachines inserts n new machines in the transaction and returns
+// their ids. It returns an error wrapping ErrInvalidArgument for n outside
+// [1, MaxCreateMachines].
+func (t *Tx) CreateMachines(ctx context.Context, n int) ([]uuid.UUID, error) {
+	if n < 1 || n > MaxCreateMachines {
+		return nil, invalidArgument("CreateMachines: n is %d, must be in [1, %d]", n, MaxCreateMachines)
+	}
+	ids, err := t.q.MachineCreateMany(ctx, int64(n))
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: creating %d machines: %w", n, err)
+	}
+	return ids, nil
+}
 
 // Retry delays between attempts: the n-th retry waits between half and all
 // of min(txRetryBase*2^(n-1), txRetryCap).

@@ -184,11 +184,11 @@ func TestTransactErrorRollsBack(t *testing.T) {
 	attempts := 0
 	err := s.Transact(context.Background(), func(tx *Tx) error {
 		attempts++
-		id, err := tx.Queries().MachineCreate(context.Background())
+		ids, err := tx.CreateMachines(context.Background(), 1)
 		if err != nil {
 			return err
 		}
-		if _, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO tag VALUES ($1)", id); err != nil {
+		if _, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO tag VALUES ($1)", ids[0]); err != nil {
 			return err
 		}
 		return boom
@@ -208,7 +208,7 @@ func TestTransactContextDone(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	err := s.Transact(ctx, func(tx *Tx) error {
-		_, err := tx.Queries().MachineCreate(ctx)
+		_, err := tx.CreateMachines(ctx, 1)
 		return err
 	})
 	if !errors.Is(err, context.Canceled) {
@@ -228,7 +228,7 @@ func TestTransactChecksSessionInDatabase(t *testing.T) {
 	ran := false
 	err := s.Transact(context.Background(), func(tx *Tx) error {
 		ran = true
-		_, err := tx.Queries().MachineCreate(context.Background())
+		_, err := tx.CreateMachines(context.Background(), 1)
 		return err
 	})
 	if !errors.Is(err, ErrSessionExpired) {
@@ -255,7 +255,7 @@ func TestTransactRetriesLostConnection(t *testing.T) {
 	attempts := 0
 	err := s.Transact(context.Background(), func(tx *Tx) error {
 		attempts++
-		if _, err := tx.Queries().MachineCreate(context.Background()); err != nil {
+		if _, err := tx.CreateMachines(context.Background(), 1); err != nil {
 			return err
 		}
 		if attempts == 1 {

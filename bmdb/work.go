@@ -11,7 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/internal/wait"
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // Work is a claim of one machine for one process by a session: the
@@ -132,11 +132,11 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		}
 		return nil, err
 	}
-	metrics.workEvents(abandoned, model.WorkHistoryEventAbandoned)
+	metrics.workEvents(abandoned, store.WorkHistoryEventAbandoned)
 	works := make([]*Work, len(claims))
 	for i, c := range claims {
 		works[i] = &Work{s: s, machine: c.machine, process: process, claimID: c.id, token: c.token}
-		metrics.workEvent(process, model.WorkHistoryEventStarted)
+		metrics.workEvent(process, store.WorkHistoryEventStarted)
 		metrics.claimed(process, time.Since(start).Seconds())
 	}
 	return works, nil
@@ -153,7 +153,7 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, cl
 		err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
 			held = held[:0]
 			for _, c := range claims {
-				w, err := tx.q.WorkGet(ctx, model.WorkGetParams{MachineID: c.machine, Process: process})
+				w, err := tx.q.WorkGet(ctx, store.WorkGetParams{MachineID: c.machine, Process: process})
 				switch {
 				case errors.Is(err, sql.ErrNoRows):
 				case err != nil:
@@ -218,7 +218,7 @@ func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, c
 // claimMany runs WorkClaimMany on machines and returns the claims made, in
 // the order of machines.
 func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]claim, error) {
-	rows, err := tx.q.WorkClaimMany(ctx, model.WorkClaimManyParams{
+	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
 		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	if sqlState(err) == codeForeignKeyViolation {
@@ -262,7 +262,7 @@ func distinct(ids []uuid.UUID) []uuid.UUID {
 func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, []string, error) {
 	conflict := false
 	for _, machine := range candidates {
-		state, err := tx.q.WorkClaimState(ctx, model.WorkClaimStateParams{MachineID: machine, Process: process})
+		state, err := tx.q.WorkClaimState(ctx, store.WorkClaimStateParams{MachineID: machine, Process: process})
 		if err != nil {
 			return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
 		}
@@ -318,7 +318,7 @@ func (s *Session) takeOver(ctx context.Context, tx *Tx, process string, machine,
 
 // start inserts the claim, its Started history row and its fencing token.
 func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (claim, error) {
-	row, err := tx.q.WorkStart(ctx, model.WorkStartParams{
+	row, err := tx.q.WorkStart(ctx, store.WorkStartParams{
 		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
 	switch sqlState(err) {
@@ -347,13 +347,13 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 	if commit == nil {
 		return invalidArgument("Finish: commit is nil")
 	}
-	return w.end(ctx, model.WorkHistoryEventFinished, func(tx *Tx) error { return w.finishIn(ctx, tx, commit) })
+	return w.end(ctx, store.WorkHistoryEventFinished, func(tx *Tx) error { return w.finishIn(ctx, tx, commit) })
 }
 
 // finishIn ends the claim as Finished inside tx, clears its backoff (one
 // statement, WorkFinish), and runs commit.
 func (w *Work) finishIn(ctx context.Context, tx *Tx, commit func(tx *Tx) error) error {
-	rows, err := tx.q.WorkFinish(ctx, model.WorkFinishParams{
+	rows, err := tx.q.WorkFinish(ctx, store.WorkFinishParams{
 		MachineID: w.machine, Process: w.process, SessionID: w.s.id, ClaimID: w.claimID,
 		ComponentName: w.s.conn.cfg.ComponentName,
 	})
@@ -372,8 +372,8 @@ func (w *Work) finishIn(ctx context.Context, tx *Tx, commit func(tx *Tx) error) 
 // interrupted, e.g. on shutdown. It returns ErrWorkLost or ErrSessionExpired
 // if the claim was already gone.
 func (w *Work) Cancel(ctx context.Context) error {
-	return w.end(ctx, model.WorkHistoryEventCanceled, func(tx *Tx) error {
-		return w.endClaim(ctx, tx, model.WorkHistoryEventCanceled, "")
+	return w.end(ctx, store.WorkHistoryEventCanceled, func(tx *Tx) error {
+		return w.endClaim(ctx, tx, store.WorkHistoryEventCanceled, "")
 	})
 }
 
@@ -391,8 +391,8 @@ func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 		}
 	}
 	cause = truncateCause(cause)
-	err := w.end(ctx, model.WorkHistoryEventFailed, func(tx *Tx) error {
-		if err := w.endClaim(ctx, tx, model.WorkHistoryEventFailed, cause); err != nil {
+	err := w.end(ctx, store.WorkHistoryEventFailed, func(tx *Tx) error {
+		if err := w.endClaim(ctx, tx, store.WorkHistoryEventFailed, cause); err != nil {
 			return err
 		}
 		if backoff == nil {
@@ -408,7 +408,7 @@ func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 
 // end runs one of Finish, Cancel and Fail, recording event, at most once
 // successfully.
-func (w *Work) end(ctx context.Context, event model.WorkHistoryEvent, fn func(tx *Tx) error) error {
+func (w *Work) end(ctx context.Context, event store.WorkHistoryEvent, fn func(tx *Tx) error) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
@@ -431,8 +431,8 @@ func claimGone(err error) bool {
 
 // endClaim deletes the claim if this session holds it and records event.
 // This is the fence: a session that lost its claim commits nothing.
-func (w *Work) endClaim(ctx context.Context, tx *Tx, event model.WorkHistoryEvent, cause string) error {
-	rows, err := tx.q.WorkEnd(ctx, model.WorkEndParams{
+func (w *Work) endClaim(ctx context.Context, tx *Tx, event store.WorkHistoryEvent, cause string) error {
+	rows, err := tx.q.WorkEnd(ctx, store.WorkEndParams{
 		Event:         event,
 		FailedCause:   sql.NullString{String: cause, Valid: cause != ""},
 		MachineID:     w.machine,

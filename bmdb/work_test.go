@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/bmdb-dev/bmdb/internal/store"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -50,8 +51,8 @@ func TestWorkClaimAndFinish(t *testing.T) {
 	if w.Machine() != m || w.Process() != "install" || w.Session() != s {
 		t.Fatalf("claimed %s/%s", w.Machine(), w.Process())
 	}
-	row, err := e.q.WorkGet(context.Background(), model.WorkGetParams{MachineID: m, Process: "install"})
-	if err != nil || row.SessionID != s.ID() {
+	row, err := store.New(e.db).WorkGet(context.Background(), store.WorkGetParams{MachineID: m, Process: "install"})
+	if err != nil || row.SessionID != s.ID() || row.ClaimID != w.ClaimID() {
 		t.Fatalf("work row = %+v, %v", row, err)
 	}
 	// A claimed machine is not idle any more for that process, but is for

@@ -17,11 +17,10 @@ CREATE ROLE bmdb_operator LOGIN;
 GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON
-    machines, sessions, work, work_history, work_backoff, work_fencing,
-    machine_provided, machine_agent_started, machine_os_installed
+    machines, sessions, work, work_history, work_backoff, work_fencing
 TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.
 GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_worker;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_worker;
 
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_operator;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_operator;

@@ -17,7 +17,13 @@
 -- (sslmode=verify-full in the DSN, which bmdb passes to the driver
 -- unchanged). Run after the migrations, as the schema owner, and again after
 -- migrations that add tables or views (or rely on the default privileges).
--- An application grants its own tables the same way.
+-- An application grants its own tables, views and version table the same
+-- way; the example's, for instance:
+--
+--   GRANT SELECT, INSERT, UPDATE, DELETE ON machine_provided,
+--       machine_agent_started, machine_os_installed TO bmdb_worker;
+--   GRANT SELECT ON pipeline_schema_migrations, app_stages,
+--       app_machine_stages, app_machine_tags TO bmdb_worker, bmdb_operator;
 
 CREATE ROLE bmdb_worker LOGIN PASSWORD 'change-me';
 CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';
@@ -25,13 +31,12 @@ CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';
 GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON
-    machines, sessions, work, work_history, work_backoff, work_fencing,
-    machine_provided, machine_agent_started, machine_os_installed
+    machines, sessions, work, work_history, work_backoff, work_fencing
 TO bmdb_worker;
 -- work_history.id is a BIGSERIAL, whose sequence the worker draws from.
 GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.
 GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_worker;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_worker;
 
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_status TO bmdb_operator;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_operator;

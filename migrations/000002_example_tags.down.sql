@@ -1,4 +1,3 @@
--- Reverts 000002_example_tags: drops the example's tag tables.
-DROP TABLE IF EXISTS machine_os_installed;
-DROP TABLE IF EXISTS machine_agent_started;
-DROP TABLE IF EXISTS machine_provided;
+-- Reverts 000002_example_tags: nothing (the tag tables are the example
+-- application's, and no bmdb migration drops an application's table).
+SELECT 1;

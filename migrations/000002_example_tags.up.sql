@@ -1,24 +1,10 @@
--- 000002_example_tags: tag tables of the example fleet pipeline
--- (cmd/worker-example): provide -> start agent -> install OS. A tag row
--- records that a stage is done for a machine; retrieval queries join them.
+-- 000002_example_tags: once the tag tables of the example pipeline
+-- (machine_provided, machine_agent_started, machine_os_installed). They
+-- belong to the example application now (cmd/worker-example/pipeline),
+-- whose own first migration creates them IF NOT EXISTS: a database migrated
+-- before keeps them and their rows, a new one gets them from the
+-- application. This migration does nothing any more; its version stays so
+-- that the numbering of recorded versions does not change.
 --
--- Compatibility: additive (new tables only). Binaries built for 000001 keep
--- working against this schema (recorded in bmdb_schema_compat by 000006).
-
-CREATE TABLE machine_provided (
-    machine_id UUID PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
-    provider TEXT NOT NULL,
-    provided_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-
-CREATE TABLE machine_agent_started (
-    machine_id UUID PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
-    agent_version TEXT NOT NULL,
-    started_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
-
-CREATE TABLE machine_os_installed (
-    machine_id UUID PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
-    os_image TEXT NOT NULL,
-    installed_at TIMESTAMPTZ NOT NULL DEFAULT now()
-);
+-- Compatibility: none needed (no change).
+SELECT 1;

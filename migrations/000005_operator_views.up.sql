@@ -3,7 +3,9 @@
 -- for a session's history.
 --
 -- Compatibility: additive (views and indexes). Nothing older binaries read
--- or write changed.
+-- or write changed. (It also created machine_status, a view of the example
+-- pipeline's stages; 000012 replaced it with the generic machine_overview,
+-- and a new database never has it.)
 
 -- Retention (bmdb.PruneHistory) deletes the oldest rows in batches.
 CREATE INDEX work_history_at_idx ON work_history (at);
@@ -40,22 +42,3 @@ SELECT h.id, h.machine_id, h.process, h.event::TEXT AS event, h.session_id,
        COALESCE(h.component_name, s.component_name, '') AS component_name,
        h.at, COALESCE(h.failed_cause, '') AS cause
 FROM work_history h LEFT JOIN sessions s ON s.session_id = h.session_id;
-
--- machine_status: each machine's stage in the example pipeline (the
--- furthest tag it has), its live claims and its active backoffs.
-CREATE VIEW machine_status AS
-SELECT m.machine_id, m.machine_created_at,
-       CASE
-           WHEN o.machine_id IS NOT NULL THEN 'os-installed'
-           WHEN a.machine_id IS NOT NULL THEN 'agent-started'
-           WHEN p.machine_id IS NOT NULL THEN 'provided'
-           ELSE 'new'
-       END AS stage,
-       (SELECT count(*) FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.machine_id = m.machine_id AND s.deadline > now()) AS live_claims,
-       (SELECT count(*) FROM work_backoff b
-        WHERE b.machine_id = m.machine_id AND b.until > now()) AS active_backoffs
-FROM machines m
-LEFT JOIN machine_provided p ON p.machine_id = m.machine_id
-LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
-LEFT JOIN machine_os_installed o ON o.machine_id = m.machine_id;

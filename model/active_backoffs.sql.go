@@ -24,7 +24,7 @@ type ActiveBackoffCountsByProcessRow struct {
 
 // ActiveBackoffCountsByProcess counts backoffs in force per process.
 func (q *Queries) ActiveBackoffCountsByProcess(ctx context.Context) ([]ActiveBackoffCountsByProcessRow, error) {
-	rows, err := q.query(ctx, q.activeBackoffCountsByProcessStmt, activeBackoffCountsByProcess)
+	rows, err := q.db.QueryContext(ctx, activeBackoffCountsByProcess)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ ORDER BY until, process
 
 // ActiveBackoffsForMachine returns a machine's backoffs in force.
 func (q *Queries) ActiveBackoffsForMachine(ctx context.Context, machineID uuid.UUID) ([]ActiveBackoff, error) {
-	rows, err := q.query(ctx, q.activeBackoffsForMachineStmt, activeBackoffsForMachine, machineID)
+	rows, err := q.db.QueryContext(ctx, activeBackoffsForMachine, machineID)
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +97,7 @@ type ActiveBackoffsListParams struct {
 // ActiveBackoffsList returns up to row_limit backoffs in force, soonest to
 // end first, of one process or (process NULL) of all.
 func (q *Queries) ActiveBackoffsList(ctx context.Context, arg ActiveBackoffsListParams) ([]ActiveBackoff, error) {
-	rows, err := q.query(ctx, q.activeBackoffsListStmt, activeBackoffsList, arg.Process, arg.RowLimit)
+	rows, err := q.db.QueryContext(ctx, activeBackoffsList, arg.Process, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -24,7 +24,7 @@ type CurrentWorkCountsByProcessRow struct {
 
 // CurrentWorkCountsByProcess counts live claims per process.
 func (q *Queries) CurrentWorkCountsByProcess(ctx context.Context) ([]CurrentWorkCountsByProcessRow, error) {
-	rows, err := q.query(ctx, q.currentWorkCountsByProcessStmt, currentWorkCountsByProcess)
+	rows, err := q.db.QueryContext(ctx, currentWorkCountsByProcess)
 	if err != nil {
 		return nil, err
 	}
@@ -53,7 +53,7 @@ ORDER BY started_at, process
 
 // CurrentWorkForMachine returns a machine's claims.
 func (q *Queries) CurrentWorkForMachine(ctx context.Context, machineID uuid.UUID) ([]CurrentWork, error) {
-	rows, err := q.query(ctx, q.currentWorkForMachineStmt, currentWorkForMachine, machineID)
+	rows, err := q.db.QueryContext(ctx, currentWorkForMachine, machineID)
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +90,7 @@ ORDER BY started_at, machine_id, process
 
 // CurrentWorkForSession returns a session's claims.
 func (q *Queries) CurrentWorkForSession(ctx context.Context, sessionID uuid.UUID) ([]CurrentWork, error) {
-	rows, err := q.query(ctx, q.currentWorkForSessionStmt, currentWorkForSession, sessionID)
+	rows, err := q.db.QueryContext(ctx, currentWorkForSession, sessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +135,7 @@ type CurrentWorkListParams struct {
 // CurrentWorkList returns up to row_limit claims, oldest first, of one
 // process or (process NULL) of all.
 func (q *Queries) CurrentWorkList(ctx context.Context, arg CurrentWorkListParams) ([]CurrentWork, error) {
-	rows, err := q.query(ctx, q.currentWorkListStmt, currentWorkList, arg.Process, arg.RowLimit)
+	rows, err := q.db.QueryContext(ctx, currentWorkList, arg.Process, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

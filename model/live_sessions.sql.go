@@ -17,7 +17,7 @@ ORDER BY component_name, created_at, session_id
 // LiveSessionsList returns the sessions alive on the database clock, by
 // component, oldest first.
 func (q *Queries) LiveSessionsList(ctx context.Context) ([]LiveSession, error) {
-	rows, err := q.query(ctx, q.liveSessionsListStmt, liveSessionsList)
+	rows, err := q.db.QueryContext(ctx, liveSessionsList)
 	if err != nil {
 		return nil, err
 	}

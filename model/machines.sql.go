@@ -11,32 +11,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const machineCreate = `-- name: MachineCreate :one
-INSERT INTO machines DEFAULT VALUES RETURNING machine_id
-`
-
-// MachineCreate inserts a new machine and returns its id.
-func (q *Queries) MachineCreate(ctx context.Context) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.machineCreateStmt, machineCreate)
-	var machine_id uuid.UUID
-	err := row.Scan(&machine_id)
-	return machine_id, err
-}
-
-const machineCreateMany = `-- name: MachineCreateMany :execrows
-INSERT INTO machines (machine_id)
-SELECT gen_random_uuid() FROM generate_series(1, $1::INT8)
-`
-
-// MachineCreateMany inserts count new machines.
-func (q *Queries) MachineCreateMany(ctx context.Context, count int64) (int64, error) {
-	result, err := q.exec(ctx, q.machineCreateManyStmt, machineCreateMany, count)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
 const machinesWithoutWork = `-- name: MachinesWithoutWork :many
 SELECT m.machine_id FROM machines m
 WHERE NOT EXISTS (
@@ -62,7 +36,7 @@ type MachinesWithoutWorkParams struct {
 // applications whose only condition is "not being worked on"; most join their
 // tag tables instead.
 func (q *Queries) MachinesWithoutWork(ctx context.Context, arg MachinesWithoutWorkParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.machinesWithoutWorkStmt, machinesWithoutWork, arg.Process, arg.RowLimit)
+	rows, err := q.db.QueryContext(ctx, machinesWithoutWork, arg.Process, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -104,29 +104,11 @@ type Machine struct {
 	MachineCreatedAt time.Time `json:"machine_created_at"`
 }
 
-type MachineAgentStarted struct {
-	MachineID    uuid.UUID `json:"machine_id"`
-	AgentVersion string    `json:"agent_version"`
-	StartedAt    time.Time `json:"started_at"`
-}
-
-type MachineOsInstalled struct {
-	MachineID   uuid.UUID `json:"machine_id"`
-	OsImage     string    `json:"os_image"`
-	InstalledAt time.Time `json:"installed_at"`
-}
-
-type MachineProvided struct {
-	MachineID  uuid.UUID `json:"machine_id"`
-	Provider   string    `json:"provider"`
-	ProvidedAt time.Time `json:"provided_at"`
-}
-
-type MachineStatus struct {
+type MachineOverview struct {
 	MachineID        uuid.UUID `json:"machine_id"`
 	MachineCreatedAt time.Time `json:"machine_created_at"`
-	Stage            string    `json:"stage"`
 	LiveClaims       int64     `json:"live_claims"`
+	ExpiredClaims    int64     `json:"expired_claims"`
 	ActiveBackoffs   int64     `json:"active_backoffs"`
 }
 

@@ -33,7 +33,7 @@ type ReadableHistoryForMachineParams struct {
 // recent events since a time (NULL: all), of one process or (NULL) of all,
 // newest first: an index range scan on work_history (machine_id, at).
 func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHistoryForMachineParams) ([]ReadableHistory, error) {
-	rows, err := q.query(ctx, q.readableHistoryForMachineStmt, readableHistoryForMachine,
+	rows, err := q.db.QueryContext(ctx, readableHistoryForMachine,
 		arg.MachineID,
 		arg.Process,
 		arg.Since,
@@ -89,7 +89,7 @@ type ReadableHistoryForMachinePageParams struct {
 // pagination on work_history (machine_id, at). Start with a cursor in the
 // future.
 func (q *Queries) ReadableHistoryForMachinePage(ctx context.Context, arg ReadableHistoryForMachinePageParams) ([]ReadableHistory, error) {
-	rows, err := q.query(ctx, q.readableHistoryForMachinePageStmt, readableHistoryForMachinePage,
+	rows, err := q.db.QueryContext(ctx, readableHistoryForMachinePage,
 		arg.MachineID,
 		arg.BeforeAt,
 		arg.BeforeID,
@@ -140,7 +140,7 @@ type ReadableHistoryForSessionParams struct {
 // ReadableHistoryForSession returns up to row_limit of a session's most
 // recent events, newest first.
 func (q *Queries) ReadableHistoryForSession(ctx context.Context, arg ReadableHistoryForSessionParams) ([]ReadableHistory, error) {
-	rows, err := q.query(ctx, q.readableHistoryForSessionStmt, readableHistoryForSession, arg.SessionID, arg.RowLimit)
+	rows, err := q.db.QueryContext(ctx, readableHistoryForSession, arg.SessionID, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +186,7 @@ type ReadableHistoryRecentFailuresParams struct {
 // ReadableHistoryRecentFailures returns up to row_limit Failed events since
 // a time, newest first.
 func (q *Queries) ReadableHistoryRecentFailures(ctx context.Context, arg ReadableHistoryRecentFailuresParams) ([]ReadableHistory, error) {
-	rows, err := q.query(ctx, q.readableHistoryRecentFailuresStmt, readableHistoryRecentFailures, arg.Since, arg.RowLimit)
+	rows, err := q.db.QueryContext(ctx, readableHistoryRecentFailures, arg.Since, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

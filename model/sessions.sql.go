@@ -7,94 +7,9 @@ package model
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
-	"github.com/lib/pq"
 )
-
-const sessionCheck = `-- name: SessionCheck :one
-SELECT session_id FROM sessions
-WHERE session_id = $1 AND deadline > statement_timestamp()
-FOR KEY SHARE
-`
-
-// SessionCheck returns the session's id if it is alive on the database clock
-// (at this statement, not at the start of the transaction), and no row
-// otherwise. Every session transaction runs it first. FOR KEY SHARE keeps
-// the row from being deleted until the transaction ends: a takeover or GC
-// of the session deletes it, so they wait for the session's open
-// transactions (or abort them), and no transaction of a superseded session
-// commits after the takeover.
-func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
-	var session_id uuid.UUID
-	err := row.Scan(&session_id)
-	return session_id, err
-}
-
-const sessionCheckBeforeCommit = `-- name: SessionCheckBeforeCommit :one
-SELECT deadline,
-       set_config('idle_in_transaction_session_timeout',
-           GREATEST(1, LEAST($1::INT8,
-               (EXTRACT(EPOCH FROM (deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
-           true) AS idle_timeout
-FROM sessions
-WHERE session_id = $2 AND deadline > statement_timestamp()
-FOR KEY SHARE
-`
-
-type SessionCheckBeforeCommitParams struct {
-	MaxIdleMs int64     `json:"max_idle_ms"`
-	SessionID uuid.UUID `json:"session_id"`
-}
-
-type SessionCheckBeforeCommitRow struct {
-	Deadline    time.Time `json:"deadline"`
-	IdleTimeout string    `json:"idle_timeout"`
-}
-
-// SessionCheckBeforeCommit is the last statement of every session
-// transaction: it returns the session's deadline as the transaction sees
-// it, if the session is alive at this statement, and lowers the
-// transaction's idle_in_transaction_session_timeout to the time left until
-// then (at most max_idle_ms), so that if the client stalls before COMMIT the
-// server ends the transaction at the deadline rather than commit it later.
-func (q *Queries) SessionCheckBeforeCommit(ctx context.Context, arg SessionCheckBeforeCommitParams) (SessionCheckBeforeCommitRow, error) {
-	row := q.queryRow(ctx, q.sessionCheckBeforeCommitStmt, sessionCheckBeforeCommit, arg.MaxIdleMs, arg.SessionID)
-	var i SessionCheckBeforeCommitRow
-	err := row.Scan(&i.Deadline, &i.IdleTimeout)
-	return i, err
-}
-
-const sessionDelete = `-- name: SessionDelete :execrows
-DELETE FROM sessions WHERE session_id = $1
-`
-
-// SessionDelete removes a session row; its work rows go with it (cascade).
-// Callers record their history first.
-func (q *Queries) SessionDelete(ctx context.Context, sessionID uuid.UUID) (int64, error) {
-	result, err := q.exec(ctx, q.sessionDeleteStmt, sessionDelete, sessionID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
-const sessionDeleteMany = `-- name: SessionDeleteMany :execrows
-DELETE FROM sessions WHERE session_id = ANY ($1::UUID[])
-`
-
-// SessionDeleteMany removes the given sessions (locked by
-// SessionLockExpired or SessionLockIfExpired); callers first end their
-// claims with WorkAbandonOfSessions.
-func (q *Queries) SessionDeleteMany(ctx context.Context, sessionIds []uuid.UUID) (int64, error) {
-	result, err := q.exec(ctx, q.sessionDeleteManyStmt, sessionDeleteMany, pq.Array(sessionIds))
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
 
 const sessionGet = `-- name: SessionGet :one
 SELECT session_id, component_name, runtime_info, created_at, interval_seconds, deadline FROM sessions WHERE session_id = $1
@@ -102,7 +17,7 @@ SELECT session_id, component_name, runtime_info, created_at, interval_seconds, d
 
 // SessionGet returns one session row, alive or not.
 func (q *Queries) SessionGet(ctx context.Context, sessionID uuid.UUID) (Session, error) {
-	row := q.queryRow(ctx, q.sessionGetStmt, sessionGet, sessionID)
+	row := q.db.QueryRowContext(ctx, sessionGet, sessionID)
 	var i Session
 	err := row.Scan(
 		&i.SessionID,
@@ -113,107 +28,4 @@ func (q *Queries) SessionGet(ctx context.Context, sessionID uuid.UUID) (Session,
 		&i.Deadline,
 	)
 	return i, err
-}
-
-const sessionLockExpired = `-- name: SessionLockExpired :many
-SELECT session_id FROM sessions
-WHERE deadline < statement_timestamp() - $1::FLOAT8 * INTERVAL '1 second'
-ORDER BY session_id
-LIMIT $2
-FOR UPDATE
-`
-
-type SessionLockExpiredParams struct {
-	GraceSeconds float64 `json:"grace_seconds"`
-	RowLimit     int32   `json:"row_limit"`
-}
-
-// SessionLockExpired locks, for deletion, the sessions whose deadline passed
-// more than grace_seconds ago, and returns their ids. GC runs it first, so
-// that it takes the session rows before their claims, in the same order as
-// every session transaction (no deadlock with a stalled one: GC waits for
-// it, bounded by lock_timeout).
-func (q *Queries) SessionLockExpired(ctx context.Context, arg SessionLockExpiredParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.sessionLockExpiredStmt, sessionLockExpired, arg.GraceSeconds, arg.RowLimit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []uuid.UUID{}
-	for rows.Next() {
-		var session_id uuid.UUID
-		if err := rows.Scan(&session_id); err != nil {
-			return nil, err
-		}
-		items = append(items, session_id)
-	}
-	if err := rows.Close(); err != nil {
-		return nil, err
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const sessionLockIfExpired = `-- name: SessionLockIfExpired :one
-SELECT session_id FROM sessions
-WHERE session_id = $1 AND deadline <= statement_timestamp()
-FOR UPDATE
-`
-
-// SessionLockIfExpired locks an expired session for deletion (a takeover of
-// its claims) and returns its id; no row if it is alive or gone.
-func (q *Queries) SessionLockIfExpired(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.sessionLockIfExpiredStmt, sessionLockIfExpired, sessionID)
-	var session_id uuid.UUID
-	err := row.Scan(&session_id)
-	return session_id, err
-}
-
-const sessionPoke = `-- name: SessionPoke :execrows
-UPDATE sessions
-SET deadline = statement_timestamp() + interval_seconds * INTERVAL '1 second'
-WHERE session_id = $1 AND deadline > statement_timestamp()
-`
-
-// SessionPoke extends a live session's deadline by its interval. It affects
-// no row when the session has expired or is gone: an expired session is never
-// resurrected. It compares with statement_timestamp(), not now(): on
-// CockroachDB now() keeps its value across a transaction's retries, and a
-// retried poke must not extend a session that expired meanwhile. It updates
-// no key column, so it does not conflict with the FOR KEY SHARE lock of
-// SessionCheck.
-func (q *Queries) SessionPoke(ctx context.Context, sessionID uuid.UUID) (int64, error) {
-	result, err := q.exec(ctx, q.sessionPokeStmt, sessionPoke, sessionID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
-const sessionStart = `-- name: SessionStart :one
-INSERT INTO sessions (component_name, runtime_info, interval_seconds, deadline)
-VALUES (
-    $1,
-    $2,
-    $3::FLOAT8,
-    statement_timestamp() + $3::FLOAT8 * INTERVAL '1 second'
-)
-RETURNING session_id
-`
-
-type SessionStartParams struct {
-	ComponentName   string  `json:"component_name"`
-	RuntimeInfo     string  `json:"runtime_info"`
-	IntervalSeconds float64 `json:"interval_seconds"`
-}
-
-// SessionStart inserts a new session whose deadline is one interval from now
-// on the database clock, and returns its id.
-func (q *Queries) SessionStart(ctx context.Context, arg SessionStartParams) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.sessionStartStmt, sessionStart, arg.ComponentName, arg.RuntimeInfo, arg.IntervalSeconds)
-	var session_id uuid.UUID
-	err := row.Scan(&session_id)
-	return session_id, err
 }

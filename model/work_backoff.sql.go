@@ -10,43 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/lib/pq"
 )
-
-const workBackoffDelete = `-- name: WorkBackoffDelete :execrows
-DELETE FROM work_backoff
-WHERE machine_id = $1 AND process = $2
-`
-
-type WorkBackoffDeleteParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-}
-
-// WorkBackoffDelete clears the backoff of (machine, process).
-func (q *Queries) WorkBackoffDelete(ctx context.Context, arg WorkBackoffDeleteParams) (int64, error) {
-	result, err := q.exec(ctx, q.workBackoffDeleteStmt, workBackoffDelete, arg.MachineID, arg.Process)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
-const workBackoffDeleteMany = `-- name: WorkBackoffDeleteMany :exec
-DELETE FROM work_backoff
-WHERE process = $1::TEXT AND machine_id = ANY ($2::UUID[])
-`
-
-type WorkBackoffDeleteManyParams struct {
-	Process    string      `json:"process"`
-	MachineIds []uuid.UUID `json:"machine_ids"`
-}
-
-// WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
-func (q *Queries) WorkBackoffDeleteMany(ctx context.Context, arg WorkBackoffDeleteManyParams) error {
-	_, err := q.exec(ctx, q.workBackoffDeleteManyStmt, workBackoffDeleteMany, arg.Process, pq.Array(arg.MachineIds))
-	return err
-}
 
 const workBackoffForMachine = `-- name: WorkBackoffForMachine :many
 SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
@@ -66,7 +30,7 @@ type WorkBackoffForMachineRow struct {
 // WorkBackoffForMachine returns every backoff row of a machine, in force or
 // expired (whose interval the next failure grows from).
 func (q *Queries) WorkBackoffForMachine(ctx context.Context, machineID uuid.UUID) ([]WorkBackoffForMachineRow, error) {
-	rows, err := q.query(ctx, q.workBackoffForMachineStmt, workBackoffForMachine, machineID)
+	rows, err := q.db.QueryContext(ctx, workBackoffForMachine, machineID)
 	if err != nil {
 		return nil, err
 	}
@@ -93,58 +57,4 @@ func (q *Queries) WorkBackoffForMachine(ctx context.Context, machineID uuid.UUID
 		return nil, err
 	}
 	return items, nil
-}
-
-const workBackoffInterval = `-- name: WorkBackoffInterval :one
-SELECT interval_seconds FROM work_backoff
-WHERE machine_id = $1 AND process = $2
-`
-
-type WorkBackoffIntervalParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-}
-
-// WorkBackoffInterval returns the interval last used for (machine, process),
-// whether or not that backoff has expired; no row if there is none.
-func (q *Queries) WorkBackoffInterval(ctx context.Context, arg WorkBackoffIntervalParams) (float64, error) {
-	row := q.queryRow(ctx, q.workBackoffIntervalStmt, workBackoffInterval, arg.MachineID, arg.Process)
-	var interval_seconds float64
-	err := row.Scan(&interval_seconds)
-	return interval_seconds, err
-}
-
-const workBackoffUpsert = `-- name: WorkBackoffUpsert :exec
-INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
-VALUES (
-    $1,
-    $2,
-    now() + $3::FLOAT8 * INTERVAL '1 second',
-    $4,
-    $5
-)
-ON CONFLICT (machine_id, process) DO UPDATE
-SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.interval_seconds
-`
-
-type WorkBackoffUpsertParams struct {
-	MachineID       uuid.UUID `json:"machine_id"`
-	Process         string    `json:"process"`
-	WaitSeconds     float64   `json:"wait_seconds"`
-	Cause           string    `json:"cause"`
-	IntervalSeconds float64   `json:"interval_seconds"`
-}
-
-// WorkBackoffUpsert sets (machine, process) in backoff until wait_seconds from
-// now on the database clock, remembering interval_seconds (the un-jittered
-// interval) so that the next failure grows from it.
-func (q *Queries) WorkBackoffUpsert(ctx context.Context, arg WorkBackoffUpsertParams) error {
-	_, err := q.exec(ctx, q.workBackoffUpsertStmt, workBackoffUpsert,
-		arg.MachineID,
-		arg.Process,
-		arg.WaitSeconds,
-		arg.Cause,
-		arg.IntervalSeconds,
-	)
-	return err
 }

@@ -7,7 +7,6 @@ package model
 
 import (
 	"context"
-	"database/sql"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,7 +20,7 @@ ORDER BY at, id
 
 // WorkHistoryForMachine returns a machine's history, oldest first.
 func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID) ([]WorkHistory, error) {
-	rows, err := q.query(ctx, q.workHistoryForMachineStmt, workHistoryForMachine, machineID)
+	rows, err := q.db.QueryContext(ctx, workHistoryForMachine, machineID)
 	if err != nil {
 		return nil, err
 	}
@@ -54,61 +53,6 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 	return items, nil
 }
 
-const workHistoryInsert = `-- name: WorkHistoryInsert :exec
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
-VALUES ($1, $2, $3,
-        $4, $5, $6)
-`
-
-type WorkHistoryInsertParams struct {
-	MachineID     uuid.UUID        `json:"machine_id"`
-	Process       string           `json:"process"`
-	SessionID     uuid.UUID        `json:"session_id"`
-	Event         WorkHistoryEvent `json:"event"`
-	FailedCause   sql.NullString   `json:"failed_cause"`
-	ComponentName sql.NullString   `json:"component_name"`
-}
-
-// WorkHistoryInsert records one event that is not part of a claim's life,
-// e.g. an operator's BackoffCleared.
-func (q *Queries) WorkHistoryInsert(ctx context.Context, arg WorkHistoryInsertParams) error {
-	_, err := q.exec(ctx, q.workHistoryInsertStmt, workHistoryInsert,
-		arg.MachineID,
-		arg.Process,
-		arg.SessionID,
-		arg.Event,
-		arg.FailedCause,
-		arg.ComponentName,
-	)
-	return err
-}
-
-const workHistoryPrune = `-- name: WorkHistoryPrune :execrows
-DELETE FROM work_history
-WHERE id IN (
-    SELECT h.id FROM work_history h
-    WHERE h.at < now() - $1::FLOAT8 * INTERVAL '1 second'
-    ORDER BY h.at
-    LIMIT $2
-)
-`
-
-type WorkHistoryPruneParams struct {
-	OlderThanSeconds float64 `json:"older_than_seconds"`
-	BatchSize        int32   `json:"batch_size"`
-}
-
-// WorkHistoryPrune deletes up to batch_size of the oldest history rows older
-// than older_than_seconds on the database clock. Retention calls it until it
-// deletes nothing, one transaction per batch.
-func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPruneParams) (int64, error) {
-	result, err := q.exec(ctx, q.workHistoryPruneStmt, workHistoryPrune, arg.OlderThanSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
 const workHistoryRecentEvents = `-- name: WorkHistoryRecentEvents :many
 SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token FROM work_history
 WHERE process = $1 AND event = $2 AND at >= $3
@@ -127,7 +71,7 @@ type WorkHistoryRecentEventsParams struct {
 // process since a time, newest first: an index range scan on
 // (process, event, at), e.g. the last hour of failures.
 func (q *Queries) WorkHistoryRecentEvents(ctx context.Context, arg WorkHistoryRecentEventsParams) ([]WorkHistory, error) {
-	rows, err := q.query(ctx, q.workHistoryRecentEventsStmt, workHistoryRecentEvents,
+	rows, err := q.db.QueryContext(ctx, workHistoryRecentEvents,
 		arg.Process,
 		arg.Event,
 		arg.Since,
@@ -179,7 +123,7 @@ type WorkHistorySummaryRow struct {
 
 // WorkHistorySummary counts history events per process and event.
 func (q *Queries) WorkHistorySummary(ctx context.Context) ([]WorkHistorySummaryRow, error) {
-	rows, err := q.query(ctx, q.workHistorySummaryStmt, workHistorySummary)
+	rows, err := q.db.QueryContext(ctx, workHistorySummary)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,3 @@
--- name: MachineCreate :one
--- MachineCreate inserts a new machine and returns its id.
-INSERT INTO machines DEFAULT VALUES RETURNING machine_id;
-
 -- name: MachinesWithoutWork :many
 -- MachinesWithoutWork returns up to row_limit machines, oldest first, that
 -- have no claim of process and are not in backoff for it. It suits
@@ -19,8 +15,3 @@ WHERE NOT EXISTS (
     )
 ORDER BY m.machine_created_at, m.machine_id
 LIMIT sqlc.arg(row_limit);
-
--- name: MachineCreateMany :execrows
--- MachineCreateMany inserts count new machines.
-INSERT INTO machines (machine_id)
-SELECT gen_random_uuid() FROM generate_series(1, sqlc.arg(count)::INT8);

@@ -1,37 +1,6 @@
--- name: WorkBackoffInterval :one
--- WorkBackoffInterval returns the interval last used for (machine, process),
--- whether or not that backoff has expired; no row if there is none.
-SELECT interval_seconds FROM work_backoff
-WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
-
--- name: WorkBackoffUpsert :exec
--- WorkBackoffUpsert sets (machine, process) in backoff until wait_seconds from
--- now on the database clock, remembering interval_seconds (the un-jittered
--- interval) so that the next failure grows from it.
-INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
-VALUES (
-    sqlc.arg(machine_id),
-    sqlc.arg(process),
-    now() + sqlc.arg(wait_seconds)::FLOAT8 * INTERVAL '1 second',
-    sqlc.arg(cause),
-    sqlc.arg(interval_seconds)
-)
-ON CONFLICT (machine_id, process) DO UPDATE
-SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.interval_seconds;
-
--- name: WorkBackoffDelete :execrows
--- WorkBackoffDelete clears the backoff of (machine, process).
-DELETE FROM work_backoff
-WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
-
 -- name: WorkBackoffForMachine :many
 -- WorkBackoffForMachine returns every backoff row of a machine, in force or
 -- expired (whose interval the next failure grows from).
 SELECT machine_id, process, until, cause, interval_seconds, (until > now())::BOOL AS active
 FROM work_backoff WHERE machine_id = sqlc.arg(machine_id)
 ORDER BY process;
-
--- name: WorkBackoffDeleteMany :exec
--- WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
-DELETE FROM work_backoff
-WHERE process = sqlc.arg(process)::TEXT AND machine_id = ANY (sqlc.arg(machine_ids)::UUID[]);

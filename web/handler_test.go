@@ -10,14 +10,16 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
+	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
 	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
-	"github.com/bmdb-dev/bmdb/model"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
@@ -37,7 +39,8 @@ func seed(t *testing.T) *fleet {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := testdb.New(t)
-	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "os-installer", RuntimeInfo: "host1 pid 42", SessionInterval: 10 * time.Second})
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "os-installer", RuntimeInfo: "host1 pid 42", SessionInterval: 10 * time.Second,
+		Application: pipeline.Application()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,19 +50,21 @@ func seed(t *testing.T) *fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { sess.Close(ctx) })
-	q := model.New(conn.DB())
-	if _, err := q.MachineCreateMany(ctx, 117); err != nil {
+	q := pipelinedb.New(conn.DB())
+	var ids []uuid.UUID
+	if err := sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		var err error
+		ids, err = tx.CreateMachines(ctx, 120)
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{db: conn.DB(), sess: sess}
-	f.busy, _ = q.MachineCreate(ctx)
-	f.failed, _ = q.MachineCreate(ctx)
-	f.done, _ = q.MachineCreate(ctx)
+	f := &fleet{db: conn.DB(), sess: sess, busy: ids[117], failed: ids[118], done: ids[119]}
 	for _, m := range []uuid.UUID{f.busy, f.failed, f.done} {
-		if err := q.MachineProvidedInsert(ctx, model.MachineProvidedInsertParams{MachineID: m, Provider: "dc-west"}); err != nil {
+		if err := q.MachineProvidedInsert(ctx, pipelinedb.MachineProvidedInsertParams{MachineID: m, Provider: "dc-west"}); err != nil {
 			t.Fatal(err)
 		}
-		if err := q.MachineAgentStartedInsert(ctx, model.MachineAgentStartedInsertParams{MachineID: m, AgentVersion: "v7"}); err != nil {
+		if err := q.MachineAgentStartedInsert(ctx, pipelinedb.MachineAgentStartedInsertParams{MachineID: m, AgentVersion: "v7"}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -83,7 +88,7 @@ func seed(t *testing.T) *fleet {
 			err = w.Cancel(ctx)
 		} else {
 			err = w.Finish(ctx, func(tx *bmdb.Tx) error {
-				return tx.Queries().MachineOSInstalledInsert(ctx, model.MachineOSInstalledInsertParams{MachineID: f.done, OsImage: "debian-12"})
+				return pipelinedb.New(tx.DBTX()).MachineOSInstalledInsert(ctx, pipelinedb.MachineOSInstalledInsertParams{MachineID: f.done, OsImage: "debian-12"})
 			})
 		}
 		if err != nil {
@@ -144,9 +149,12 @@ func TestOverview(t *testing.T) {
 	var o Overview
 	f.getJSON(t, "/?format=json", &o)
 	want := map[string]int64{"new": 117, "provided": 0, "agent-started": 2, "os-installed": 1}
+	if len(o.Stages) != len(want) {
+		t.Errorf("stages %+v, want %v", o.Stages, want)
+	}
 	for _, s := range o.Stages {
-		if want[s.Name] != s.Count {
-			t.Errorf("stage %s: %d machines, want %d", s.Name, s.Count, want[s.Name])
+		if want[s.Name] != s.Machines {
+			t.Errorf("stage %s: %d machines, want %d", s.Name, s.Machines, want[s.Name])
 		}
 	}
 	if o.Machines != 120 || len(o.Sessions) != 1 || len(o.Failures) != 1 || o.Failures[0].MachineID != f.failed {
@@ -291,5 +299,116 @@ func TestPathPrefix(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !regexp.MustCompile(`href="/bmdb/machines\?stage=new"`).Match(body) {
 		t.Errorf("prefixed overview: %d\n%s", resp.StatusCode, body)
+	}
+}
+
+// An application with stages of its own: the pages list its stages, in its
+// order, with its descriptions.
+func TestCustomStages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.New(t)
+	app := &bmdb.Application{Name: "racks", Migrations: fstest.MapFS{
+		"000001_racks.up.sql": {Data: []byte(`
+CREATE TABLE racked (machine_id UUID PRIMARY KEY REFERENCES machines);
+CREATE VIEW app_stages AS
+SELECT 'unracked'::TEXT AS stage, 1::INT8 AS position, 'waiting for a rack'::TEXT AS description
+UNION ALL SELECT 'racked', 2, 'in its rack';
+CREATE VIEW app_machine_stages AS
+SELECT m.machine_id, CASE WHEN r.machine_id IS NULL THEN 'unracked' ELSE 'racked' END AS stage
+FROM machines m LEFT JOIN racked r ON r.machine_id = m.machine_id;`)},
+		"000001_racks.down.sql": {Data: []byte("DROP VIEW app_machine_stages; DROP VIEW app_stages; DROP TABLE racked;")},
+	}}
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "racker", Application: app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	var ids []uuid.UUID
+	if err := sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		var err error
+		if ids, err = tx.CreateMachines(ctx, 3); err != nil {
+			return err
+		}
+		_, err = tx.DBTX().ExecContext(ctx, "INSERT INTO racked VALUES ($1)", ids[0])
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(New(conn.DB(), Options{}))
+	defer srv.Close()
+	f := &fleet{srv: srv, db: conn.DB()}
+	var o Overview
+	f.getJSON(t, "/", &o)
+	if len(o.Stages) != 2 || o.Stages[0].Name != "unracked" || o.Stages[0].Machines != 2 || o.Stages[1].Name != "racked" ||
+		o.Stages[1].Machines != 1 || o.Stages[1].Description != "in its rack" {
+		t.Errorf("stages %+v", o.Stages)
+	}
+	var page Machines
+	f.getJSON(t, "/machines?stage=racked", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != ids[0] || page.Machines[0].Stage != "racked" {
+		t.Errorf("stage=racked: %+v", page)
+	}
+	if status, body := f.get(t, "/machines?stage=os-installed"); status != 400 || !strings.Contains(body, "unracked, racked") {
+		t.Errorf("another application's stage: %d %s", status, body)
+	}
+}
+
+// Without an application's stages, the pages show bmdb's generic views.
+func TestNoStages(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.New(t)
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	var ids []uuid.UUID
+	if err := sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		var err error
+		ids, err = tx.CreateMachines(ctx, 2)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sess.Work(ctx, "burn-in", func(*bmdb.Tx) ([]uuid.UUID, error) { return ids[:1], nil }); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(New(conn.DB(), Options{}))
+	defer srv.Close()
+	f := &fleet{srv: srv, db: conn.DB()}
+	status, body := f.get(t, "/")
+	if status != 200 {
+		t.Fatalf("GET /: %d", status)
+	}
+	mustContain(t, "overview without stages", body, "2 machines", "defines no stages", `href="/machines?process=burn-in">1<`)
+	var o Overview
+	f.getJSON(t, "/", &o)
+	if o.Stages != nil || o.Machines != 2 {
+		t.Errorf("overview %+v", o)
+	}
+	var page Machines
+	f.getJSON(t, "/machines?process=burn-in", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != ids[0] || page.Machines[0].LiveClaims != 1 {
+		t.Errorf("process=burn-in: %+v", page)
+	}
+	var m Machine
+	f.getJSON(t, "/machine/"+ids[0].String(), &m)
+	if m.Status.Stage != "" || m.Tags != nil || len(m.Work) != 1 {
+		t.Errorf("machine %+v", m)
+	}
+	if status, body := f.get(t, "/machines?stage=new"); status != 400 || !strings.Contains(body, "defines no stages") {
+		t.Errorf("stage filter without stages: %d %s", status, body)
 	}
 }

@@ -24,9 +24,6 @@ const (
 	recentFailures  = 20
 )
 
-// Stages are the example pipeline's stages, in order.
-var Stages = []string{"new", "provided", "agent-started", "os-installed"}
-
 type count struct {
 	Name  string `json:"name"`
 	Count int64  `json:"count"`
@@ -34,8 +31,10 @@ type count struct {
 
 // Overview is the data of the / page.
 type Overview struct {
-	Machines int64                   `json:"machines"`
-	Stages   []count                 `json:"stages"`
+	Machines int64 `json:"machines"`
+	// Stages are the application's stages (see ViewStages); null when it
+	// defines none.
+	Stages   []Stage                 `json:"stages"`
 	Sessions []model.LiveSession     `json:"sessions"`
 	Work     []count                 `json:"work"`
 	Backoffs []count                 `json:"backoffs"`
@@ -44,17 +43,12 @@ type Overview struct {
 
 func (h *Handler) overview(ctx context.Context, _ *http.Request) (any, error) {
 	var o Overview
-	stages, err := h.q.MachineStatusCounts(ctx)
-	if err != nil {
+	var err error
+	if o.Machines, err = h.q.MachineCount(ctx); err != nil {
 		return nil, err
 	}
-	byStage := map[string]int64{}
-	for _, s := range stages {
-		byStage[s.Stage] = s.Machines
-		o.Machines += s.Machines
-	}
-	for _, s := range Stages {
-		o.Stages = append(o.Stages, count{s, byStage[s]})
+	if o.Stages, err = ReadStages(ctx, h.db); err != nil {
+		return nil, err
 	}
 	if o.Sessions, err = h.q.LiveSessionsList(ctx); err != nil {
 		return nil, err
@@ -110,10 +104,20 @@ func (f MachineFilter) query() string {
 	return strings.Join(parts, "&")
 }
 
+// MachineRow is one machine of a list: its claims and backoffs, and its
+// stage if the application defines stages.
+type MachineRow struct {
+	model.MachineOverview
+	Stage string `json:"stage,omitempty"`
+}
+
 // Machines is the data of the /machines page.
 type Machines struct {
-	Filter   MachineFilter         `json:"filter"`
-	Machines []model.MachineStatus `json:"machines"`
+	Filter MachineFilter `json:"filter"`
+	// Stages names the application's stages, for the filter links; empty
+	// when it defines none.
+	Stages   []string     `json:"stages"`
+	Machines []MachineRow `json:"machines"`
 	// Next is the after= cursor of the next page, empty on the last.
 	Next string `json:"next,omitempty"`
 }
@@ -121,8 +125,19 @@ type Machines struct {
 func (h *Handler) machines(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
 	f := MachineFilter{Stage: q.Get("stage"), Process: q.Get("process"), Backoff: q.Get("backoff")}
-	if f.Stage != "" && !slices.Contains(Stages, f.Stage) {
-		return nil, badRequest("stage %q is not one of %s", f.Stage, strings.Join(Stages, ", "))
+	stages, err := ReadStages(ctx, h.db)
+	if err != nil {
+		return nil, err
+	}
+	names := []string{}
+	for _, s := range stages {
+		names = append(names, s.Name)
+	}
+	switch {
+	case f.Stage != "" && stages == nil:
+		return nil, badRequest("stage %q: this database defines no stages (no %s view)", f.Stage, ViewStages)
+	case f.Stage != "" && !slices.Contains(names, f.Stage):
+		return nil, badRequest("stage %q is not one of %s", f.Stage, strings.Join(names, ", "))
 	}
 	for _, p := range []string{f.Process, f.Backoff} {
 		if p == "" {
@@ -139,17 +154,11 @@ func (h *Handler) machines(ctx context.Context, r *http.Request) (any, error) {
 			return nil, err
 		}
 	}
-	rows, err := h.q.MachineStatusFilter(ctx, model.MachineStatusFilterParams{
-		AfterID:        after,
-		Stage:          optional(f.Stage),
-		WorkingProcess: optional(f.Process),
-		BackoffProcess: optional(f.Backoff),
-		RowLimit:       machinesPerPage + 1,
-	})
+	rows, err := ListMachines(ctx, h.db, f, after, machinesPerPage+1, stages != nil)
 	if err != nil {
 		return nil, err
 	}
-	page := Machines{Filter: f, Machines: rows}
+	page := Machines{Filter: f, Stages: names, Machines: rows}
 	if len(rows) > machinesPerPage {
 		page.Machines = rows[:machinesPerPage]
 		page.Next = page.Machines[machinesPerPage-1].MachineID.String()
@@ -157,16 +166,66 @@ func (h *Handler) machines(ctx context.Context, r *http.Request) (any, error) {
 	return page, nil
 }
 
-// Tag is one of a machine's tags.
-type Tag struct {
-	Name  string    `json:"name"`
-	Value string    `json:"value"`
-	At    time.Time `json:"at"`
+// ListMachines returns up to limit machines after after (in machine_id
+// order: keyset pagination) that match f, with their stages if withStages
+// (the application defines stages: see ViewStages). f.Stage needs stages.
+func ListMachines(ctx context.Context, db *sql.DB, f MachineFilter, after uuid.UUID, limit int, withStages bool) ([]MachineRow, error) {
+	var rows []model.MachineOverview
+	var err error
+	if f.Stage != "" {
+		rows, err = machinesAtStage(ctx, db, f, after, limit)
+	} else {
+		rows, err = model.New(db).MachineOverviewFilter(ctx, model.MachineOverviewFilterParams{
+			AfterID:        after,
+			WorkingProcess: optional(f.Process),
+			BackoffProcess: optional(f.Backoff),
+			RowLimit:       int32(limit),
+		})
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := make([]MachineRow, len(rows))
+	ids := make([]uuid.UUID, len(rows))
+	for i, r := range rows {
+		out[i].MachineOverview, ids[i] = r, r.MachineID
+	}
+	if !withStages || len(rows) == 0 {
+		return out, nil
+	}
+	stages, err := ReadMachineStages(ctx, db, ids)
+	if err != nil {
+		return nil, err
+	}
+	for i := range out {
+		out[i].Stage = stages[out[i].MachineID]
+	}
+	return out, nil
+}
+
+// machinesAtStage is MachineOverviewFilter for machines at f.Stage.
+func machinesAtStage(ctx context.Context, db *sql.DB, f MachineFilter, after uuid.UUID, limit int) ([]model.MachineOverview, error) {
+	rs, err := db.QueryContext(ctx, machinesAtStageSQL, f.Stage, after, optional(f.Process), false, optional(f.Backoff), limit)
+	if err != nil {
+		return nil, err
+	}
+	defer rs.Close()
+	var rows []model.MachineOverview
+	for rs.Next() {
+		var r model.MachineOverview
+		if err := rs.Scan(&r.MachineID, &r.MachineCreatedAt, &r.LiveClaims, &r.ExpiredClaims, &r.ActiveBackoffs); err != nil {
+			return nil, err
+		}
+		rows = append(rows, r)
+	}
+	return rows, rs.Err()
 }
 
 // Machine is the data of the /machine/{id} page.
 type Machine struct {
-	Status   model.MachineStatus              `json:"status"`
+	Status MachineRow `json:"status"`
+	// Tags are the application's tags of the machine (see ViewMachineTags);
+	// null when it defines none.
 	Tags     []Tag                            `json:"tags"`
 	Work     []model.CurrentWork              `json:"work"`
 	Backoffs []model.WorkBackoffForMachineRow `json:"backoffs"`
@@ -186,29 +245,27 @@ func (h *Handler) machine(ctx context.Context, r *http.Request) (any, error) {
 		return nil, err
 	}
 	var m Machine
-	m.Status, err = h.q.MachineStatusGet(ctx, id)
+	m.Status.MachineOverview, err = h.q.MachineOverviewGet(ctx, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("no machine %s", id)
 	}
 	if err != nil {
 		return nil, err
 	}
-	tags, err := h.q.MachineTagsGet(ctx, id)
+	views, err := ReadAppViews(ctx, h.db)
 	if err != nil {
 		return nil, err
 	}
-	m.Tags = []Tag{}
-	for _, t := range []struct {
-		name  string
-		value sql.NullString
-		at    sql.NullTime
-	}{
-		{"provided", tags.Provider, tags.ProvidedAt},
-		{"agent started", tags.AgentVersion, tags.AgentStartedAt},
-		{"OS installed", tags.OsImage, tags.OsInstalledAt},
-	} {
-		if t.at.Valid {
-			m.Tags = append(m.Tags, Tag{t.name, t.value.String, t.at.Time})
+	if views.Stages {
+		stages, err := ReadMachineStages(ctx, h.db, []uuid.UUID{id})
+		if err != nil {
+			return nil, err
+		}
+		m.Status.Stage = stages[id]
+	}
+	if views.Tags {
+		if m.Tags, err = readTags(ctx, h.db, id); err != nil {
+			return nil, err
 		}
 	}
 	if m.Work, err = h.q.CurrentWorkForMachine(ctx, id); err != nil {

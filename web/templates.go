@@ -38,7 +38,6 @@ var funcs = template.FuncMap{
 	},
 	"short":  func(id uuid.UUID) string { return id.String()[:8] },
 	"query":  urlQueryEscape,
-	"stages": func() []string { return Stages },
 	// filterQuery renders a machine filter as query parameters ending in &.
 	"filterQuery": func(f MachineFilter) template.URL {
 		if q := f.query(); q != "" {

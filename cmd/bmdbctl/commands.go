@@ -239,21 +239,37 @@ func backoffsCommand(fs *flag.FlagSet) runFunc {
 type machineRecord struct {
 	MachineID      uuid.UUID `json:"machine_id"`
 	CreatedAt      time.Time `json:"created_at"`
-	Stage          string    `json:"stage"`
+	Stage          string    `json:"stage,omitempty"`
 	LiveClaims     int64     `json:"live_claims"`
+	ExpiredClaims  int64     `json:"expired_claims"`
 	ActiveBackoffs int64     `json:"active_backoffs"`
 }
 
+func newMachineRecord(m web.MachineRow) machineRecord {
+	return machineRecord{m.MachineID, m.MachineCreatedAt, m.Stage, m.LiveClaims, m.ExpiredClaims, m.ActiveBackoffs}
+}
+
+// stageNames returns the application's stages (web.ViewStages), nil if it
+// defines none.
+func stageNames(ctx context.Context, conn *bmdb.Connection) ([]string, error) {
+	stages, err := web.ReadStages(ctx, conn.DB())
+	if err != nil || stages == nil {
+		return nil, err
+	}
+	names := []string{}
+	for _, s := range stages {
+		names = append(names, s.Name)
+	}
+	return names, nil
+}
+
 func machinesCommand(fs *flag.FlagSet) runFunc {
-	stage := fs.String("stage", "", "only machines at this stage: new, provided, agent-started, os-installed")
+	stage := fs.String("stage", "", "only machines at this stage of the application's (its app_stages view)")
 	after := fs.String("after", "", "start after this machine id (keyset pagination: the last id of the previous page)")
 	limit := fs.Int("limit", 100, "at most this many machines")
 	return func(ctx context.Context, c *common, args []string) error {
 		if err := noArgs("machines", args); err != nil {
 			return err
-		}
-		if *stage != "" && !slices.Contains(web.Stages, *stage) {
-			return usagef("--stage %q is not one of %v", *stage, web.Stages)
 		}
 		if err := checkLimit(*limit); err != nil {
 			return err
@@ -265,15 +281,24 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 				return err
 			}
 		}
-		return withQueries(ctx, c, func(q *model.Queries, _ *bmdb.Connection) error {
-			rows, err := q.MachineStatusList(ctx, model.MachineStatusListParams{AfterID: afterID, Stage: optional(*stage), RowLimit: int32(*limit)})
+		return withQueries(ctx, c, func(q *model.Queries, conn *bmdb.Connection) error {
+			stages, err := stageNames(ctx, conn)
 			if err != nil {
 				return err
 			}
-			t := &table{header: []string{"MACHINE", "STAGE", "LIVE_CLAIMS", "BACKOFFS", "CREATED"}}
+			switch {
+			case *stage != "" && stages == nil:
+				return usagef("--stage %q: this database defines no stages (no %s view)", *stage, web.ViewStages)
+			case *stage != "" && !slices.Contains(stages, *stage):
+				return usagef("--stage %q is not one of %v", *stage, stages)
+			}
+			rows, err := web.ListMachines(ctx, conn.DB(), web.MachineFilter{Stage: *stage}, afterID, *limit, stages != nil)
+			if err != nil {
+				return err
+			}
+			t := &table{header: []string{"MACHINE", "STAGE", "LIVE_CLAIMS", "EXPIRED_CLAIMS", "BACKOFFS", "CREATED"}}
 			for _, r := range rows {
-				t.add(machineRecord{r.MachineID, r.MachineCreatedAt, r.Stage, r.LiveClaims, r.ActiveBackoffs},
-					r.MachineID, r.Stage, r.LiveClaims, r.ActiveBackoffs, r.MachineCreatedAt)
+				t.add(newMachineRecord(r), r.MachineID, r.Stage, r.LiveClaims, r.ExpiredClaims, r.ActiveBackoffs, r.MachineCreatedAt)
 			}
 			return t.print(c.out, c.json)
 		})
@@ -376,13 +401,23 @@ func machineCommand(fs *flag.FlagSet) runFunc {
 		if err := checkLimit(*limit); err != nil {
 			return err
 		}
-		return withQueries(ctx, c, func(q *model.Queries, _ *bmdb.Connection) error {
-			status, err := q.MachineStatusGet(ctx, id)
+		return withQueries(ctx, c, func(q *model.Queries, conn *bmdb.Connection) error {
+			overview, err := q.MachineOverviewGet(ctx, id)
 			if errors.Is(err, sql.ErrNoRows) {
 				return fmt.Errorf("no machine %s", id)
 			}
 			if err != nil {
 				return err
+			}
+			status := web.MachineRow{MachineOverview: overview}
+			if stages, err := stageNames(ctx, conn); err != nil {
+				return err
+			} else if stages != nil {
+				byID, err := web.ReadMachineStages(ctx, conn.DB(), []uuid.UUID{id})
+				if err != nil {
+					return err
+				}
+				status.Stage = byID[id]
 			}
 			work, err := q.CurrentWorkForMachine(ctx, id)
 			if err != nil {
@@ -401,7 +436,7 @@ func machineCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-func printMachine(c *common, status model.MachineStatus, work, backoffs, history *table) error {
+func printMachine(c *common, status web.MachineRow, work, backoffs, history *table) error {
 	if c.json {
 		return (&table{records: []any{struct {
 			Machine  machineRecord `json:"machine"`
@@ -409,11 +444,15 @@ func printMachine(c *common, status model.MachineStatus, work, backoffs, history
 			Backoffs []any         `json:"backoffs"`
 			History  []any         `json:"history"`
 		}{
-			machineRecord{status.MachineID, status.MachineCreatedAt, status.Stage, status.LiveClaims, status.ActiveBackoffs},
+			newMachineRecord(status),
 			nonNil(work.records), nonNil(backoffs.records), nonNil(history.records),
 		}}}).print(c.out, true)
 	}
-	fmt.Fprintf(c.out, "machine %s: stage %s, created %s\n\nclaims:\n", status.MachineID, status.Stage, cell(status.MachineCreatedAt))
+	stage := ""
+	if status.Stage != "" {
+		stage = "stage " + status.Stage + ", "
+	}
+	fmt.Fprintf(c.out, "machine %s: %screated %s\n\nclaims:\n", status.MachineID, stage, cell(status.MachineCreatedAt))
 	if err := work.print(c.out, false); err != nil {
 		return err
 	}

@@ -20,7 +20,8 @@ import (
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
+	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
 )
 
 var binary string // the bmdbctl built for the tests
@@ -80,7 +81,8 @@ func seed(t *testing.T) fleet {
 	t.Parallel()
 	ctx := context.Background()
 	f := fleet{dsn: testdb.New(t)}
-	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: f.dsn, ComponentName: "os-installer", SessionInterval: 10 * time.Second})
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: f.dsn, ComponentName: "os-installer", SessionInterval: 10 * time.Second,
+		Application: pipeline.Application()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,10 +92,14 @@ func seed(t *testing.T) fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.sess.Close(ctx) })
-	q := model.New(conn.DB())
-	f.busy, _ = q.MachineCreate(ctx)
-	f.failed, _ = q.MachineCreate(ctx)
-	if err := q.MachineProvidedInsert(ctx, model.MachineProvidedInsertParams{MachineID: f.busy, Provider: "dc1"}); err != nil {
+	if err := f.sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		ids, err := tx.CreateMachines(ctx, 2)
+		if err != nil {
+			return err
+		}
+		f.busy, f.failed = ids[0], ids[1]
+		return pipelinedb.New(tx.DBTX()).MachineProvidedInsert(ctx, pipelinedb.MachineProvidedInsertParams{MachineID: f.busy, Provider: "dc1"})
+	}); err != nil {
 		t.Fatal(err)
 	}
 	one := func(id uuid.UUID) func(*bmdb.Tx) ([]uuid.UUID, error) {
@@ -147,6 +153,9 @@ func TestMachinesAndMachine(t *testing.T) {
 	var machines []machineRecord
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--json")), &machines); err != nil || len(machines) != 2 {
 		t.Fatalf("machines --json = %+v, %v", machines, err)
+	}
+	if _, errOut, code := ctl(t, f.dsn, "machines", "--stage", "flying"); code != 2 || !strings.Contains(errOut, "not one of [new provided agent-started os-installed]") {
+		t.Errorf("machines --stage flying: exit %d, %s", code, errOut)
 	}
 	out := ok(t, f.dsn, "machines", "--stage", "provided")
 	if !strings.Contains(out, f.busy.String()) || strings.Contains(out, f.failed.String()) {
@@ -289,7 +298,6 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"history"}, 2, "--machine is required"},
 		{[]string{"history", "--machine", "12345"}, 2, "not a machine id"},
 		{[]string{"machine", "not-a-uuid"}, 2, "not a machine id"},
-		{[]string{"machines", "--stage", "flying"}, 2, "not one of"},
 		{[]string{"machines", "--after", "x"}, 2, "not a machine id"},
 		{[]string{"work", "--limit", "0"}, 2, "--limit"},
 		{[]string{"work", "--bogus"}, 2, "flag provided but not defined"},
@@ -354,5 +362,43 @@ func TestServe(t *testing.T) {
 	}
 	if err := cmd.Wait(); err != nil {
 		t.Errorf("serve after SIGINT: %v", err)
+	}
+}
+
+// Without an application's stage views, machines and machine show bmdb's
+// generic columns, and --stage says why it cannot filter.
+func TestMachinesWithoutStages(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.New(t)
+	ctx := context.Background()
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "plain"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close(ctx)
+	var id uuid.UUID
+	if err := sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		ids, err := tx.CreateMachines(ctx, 1)
+		if err == nil {
+			id = ids[0]
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var machines []machineRecord
+	if err := json.Unmarshal([]byte(ok(t, dsn, "machines", "--json")), &machines); err != nil || len(machines) != 1 || machines[0].Stage != "" {
+		t.Errorf("machines --json = %+v, %v", machines, err)
+	}
+	if out := ok(t, dsn, "machine", id.String()); !strings.Contains(out, "machine "+id.String()+": created") {
+		t.Errorf("machine:\n%s", out)
+	}
+	if _, errOut, code := ctl(t, dsn, "machines", "--stage", "new"); code != 2 || !strings.Contains(errOut, "defines no stages") {
+		t.Errorf("machines --stage without stages: exit %d, %s", code, errOut)
 	}
 }

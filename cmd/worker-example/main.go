@@ -14,6 +14,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
@@ -28,12 +29,12 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/model"
 	"github.com/bmdb-dev/bmdb/web"
 	"github.com/bmdb-dev/bmdb/worker"
@@ -101,44 +102,6 @@ func (o options) validate() error {
 	return o.backoff.Validate()
 }
 
-// stage is one component of the pipeline.
-type stage struct {
-	process   string
-	component string
-	retrieve  func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error)
-	commit    func(ctx context.Context, q *model.Queries, machine uuid.UUID) error
-}
-
-var stages = []stage{
-	{
-		process: "provide", component: "provisioner",
-		retrieve: func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error) {
-			return q.MachinesNeedingProvide(ctx, limit)
-		},
-		commit: func(ctx context.Context, q *model.Queries, m uuid.UUID) error {
-			return q.MachineProvidedInsert(ctx, model.MachineProvidedInsertParams{MachineID: m, Provider: "example-dc"})
-		},
-	},
-	{
-		process: "start-agent", component: "agent-starter",
-		retrieve: func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error) {
-			return q.MachinesNeedingAgentStart(ctx, limit)
-		},
-		commit: func(ctx context.Context, q *model.Queries, m uuid.UUID) error {
-			return q.MachineAgentStartedInsert(ctx, model.MachineAgentStartedInsertParams{MachineID: m, AgentVersion: "v1.0.0"})
-		},
-	},
-	{
-		process: "install-os", component: "os-installer",
-		retrieve: func(ctx context.Context, q *model.Queries, limit int32) ([]uuid.UUID, error) {
-			return q.MachinesNeedingOSInstall(ctx, limit)
-		},
-		commit: func(ctx context.Context, q *model.Queries, m uuid.UUID) error {
-			return q.MachineOSInstalledInsert(ctx, model.MachineOSInstalledInsertParams{MachineID: m, OsImage: "debian-12"})
-		},
-	},
-}
-
 func run(ctx context.Context, o options) error {
 	if err := o.validate(); err != nil {
 		return err
@@ -168,37 +131,36 @@ func run(ctx context.Context, o options) error {
 		}
 	}()
 	var loops []*worker.Loop
-	for _, st := range stages {
+	for _, st := range pipeline.Stages {
 		conn, err := bmdb.Open(ctx, bmdb.Config{
-			DSN: o.dsn, ComponentName: st.component, RuntimeInfo: runtimeInfo,
+			DSN: o.dsn, ComponentName: st.Component, RuntimeInfo: runtimeInfo,
 			SessionInterval: o.interval, Metrics: metrics,
+			Application: pipeline.Application(),
 		})
 		if err != nil {
 			return err
 		}
 		conns = append(conns, conn)
 		l, err := worker.New(conn, worker.Config{
-			Process:       st.process,
+			Process:       st.Process,
 			Concurrency:   o.concurrency,
 			Batch:         o.batch,
 			Backoff:       o.backoff,
 			PollMin:       20 * time.Millisecond,
 			PollMax:       500 * time.Millisecond,
 			ShutdownGrace: 5 * time.Second,
-			Retrieve: func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error) {
-				return st.retrieve(ctx, tx.Queries(), limit)
-			},
-			Work: simulate(st, o),
+			Retrieve:      st.Retrieve,
+			Work:          simulate(st, o),
 		})
 		if err != nil {
 			return err
 		}
 		loops = append(loops, l)
 	}
-	q, err := seed(ctx, conns[0], o.machines)
-	if err != nil {
+	if err := seed(ctx, conns[0], o.machines); err != nil {
 		return err
 	}
+	db := conns[0].DB()
 	stopWeb, err := serve(o.httpAddr, "fleet pages", func(mux *http.ServeMux) {
 		mux.Handle("/", web.New(conns[0].DB(), web.Options{}))
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
@@ -218,14 +180,14 @@ func run(ctx context.Context, o options) error {
 			_ = l.Run(loopCtx)
 		}()
 	}
-	done, err := watch(ctx, q, loops, start)
+	done, err := watch(ctx, db, loops, start)
 	stopLoops()
 	wg.Wait()
 	if err != nil {
 		return err
 	}
 	fmt.Printf("\nall %d machines passed every stage in %.1fs\n\n", done, time.Since(start).Seconds())
-	return summary(context.WithoutCancel(ctx), q)
+	return summary(context.WithoutCancel(ctx), model.New(db))
 }
 
 // serve starts an HTTP server on addr ("": none) with the routes that
@@ -246,30 +208,29 @@ func serve(addr, what string, routes func(*http.ServeMux)) (func(), error) {
 	return func() { srv.Close() }, nil
 }
 
-// seed inserts n machines and returns queries on the database, read outside
-// any session (progress and summary only read).
-func seed(ctx context.Context, conn *bmdb.Connection, n int) (*model.Queries, error) {
-	sess, err := conn.StartSession(ctx)
-	if err != nil {
-		return nil, err
+// seed inserts n machines, in a session's transaction.
+func seed(ctx context.Context, conn *bmdb.Connection, n int) error {
+	if n > 0 {
+		sess, err := conn.StartSession(ctx)
+		if err != nil {
+			return err
+		}
+		defer sess.Close(context.WithoutCancel(ctx))
+		err = sess.Transact(ctx, func(tx *bmdb.Tx) error {
+			_, err := tx.CreateMachines(ctx, n)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("seeding %d machines: %w", n, err)
+		}
 	}
-	defer sess.Close(context.WithoutCancel(ctx))
-	var q *model.Queries
-	err = sess.Transact(ctx, func(tx *bmdb.Tx) error {
-		_, err := tx.Queries().MachineCreateMany(ctx, int64(n))
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("seeding %d machines: %w", n, err)
-	}
-	q = model.New(conn.DB())
 	fmt.Printf("seeded %d machines; stages: provide -> start-agent -> install-os\n", n)
-	return q, nil
+	return nil
 }
 
 // simulate returns the Work function of a stage: it sleeps about
 // workDuration and fails with probability failureRate.
-func simulate(st stage, o options) worker.Process {
+func simulate(st pipeline.Stage, o options) worker.Process {
 	return func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
 		d := o.workDuration/2 + rand.N(o.workDuration+1)
 		select {
@@ -278,18 +239,18 @@ func simulate(st stage, o options) worker.Process {
 			return nil, ctx.Err()
 		}
 		if rand.Float64() < o.failureRate {
-			return nil, fmt.Errorf("simulated %s failure on %s", st.process, w.Machine())
+			return nil, fmt.Errorf("simulated %s failure on %s", st.Process, w.Machine())
 		}
-		return func(tx *bmdb.Tx) error { return st.commit(ctx, tx.Queries(), w.Machine()) }, nil
+		return func(tx *bmdb.Tx) error { return st.Commit(ctx, tx, w.Machine()) }, nil
 	}
 }
 
 // watch prints progress every second until every machine is done.
-func watch(ctx context.Context, q *model.Queries, loops []*worker.Loop, start time.Time) (int64, error) {
+func watch(ctx context.Context, db *sql.DB, loops []*worker.Loop, start time.Time) (int64, error) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
-		c, err := q.MachineStageCounts(ctx)
+		c, err := pipeline.Progress(ctx, db)
 		if err != nil {
 			return 0, fmt.Errorf("reading progress: %w", err)
 		}
@@ -333,10 +294,10 @@ func summary(ctx context.Context, q *model.Queries) error {
 		header = append(header, string(e))
 	}
 	fmt.Fprintln(tw, strings.Join(header, "\t")+"\t")
-	for _, st := range stages {
-		line := []string{st.process}
+	for _, st := range pipeline.Stages {
+		line := []string{st.Process}
 		for _, e := range events {
-			line = append(line, fmt.Sprint(counts[st.process][e]))
+			line = append(line, fmt.Sprint(counts[st.Process][e]))
 		}
 		fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
 	}

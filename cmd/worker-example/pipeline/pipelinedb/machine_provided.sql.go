@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: machine_provided.sql
 
-package model
+package pipelinedb
 
 import (
 	"context"
@@ -23,7 +23,7 @@ type MachineProvidedInsertParams struct {
 // MachineProvidedInsert tags a machine as provided (the example's first
 // stage). Fails with a unique violation if it already is.
 func (q *Queries) MachineProvidedInsert(ctx context.Context, arg MachineProvidedInsertParams) error {
-	_, err := q.exec(ctx, q.machineProvidedInsertStmt, machineProvidedInsert, arg.MachineID, arg.Provider)
+	_, err := q.db.ExecContext(ctx, machineProvidedInsert, arg.MachineID, arg.Provider)
 	return err
 }
 
@@ -47,7 +47,7 @@ LIMIT $1
 // for it. Claims of expired sessions do not exclude a machine: Work takes
 // them over.
 func (q *Queries) MachinesNeedingProvide(ctx context.Context, rowLimit int32) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.machinesNeedingProvideStmt, machinesNeedingProvide, rowLimit)
+	rows, err := q.db.QueryContext(ctx, machinesNeedingProvide, rowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -21,15 +21,3 @@ WHERE NOT EXISTS (SELECT 1 FROM machine_os_installed t WHERE t.machine_id = a.ma
     )
 ORDER BY a.started_at, a.machine_id
 LIMIT sqlc.arg(row_limit);
-
--- name: MachineStageCounts :one
--- MachineStageCounts returns the example pipeline's progress: machines in
--- all, per completed stage, live claims, and (machine, process) pairs in
--- backoff now.
-SELECT
-    (SELECT count(*) FROM machines) AS machines,
-    (SELECT count(*) FROM machine_provided) AS provided,
-    (SELECT count(*) FROM machine_agent_started) AS agent_started,
-    (SELECT count(*) FROM machine_os_installed) AS os_installed,
-    (SELECT count(*) FROM work) AS in_flight,
-    (SELECT count(*) FROM work_backoff WHERE until > now()) AS backed_off;

@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: work.sql
 
-package model
+package store
 
 import (
 	"context"
@@ -79,16 +79,16 @@ RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_t
 `
 
 type WorkClaimManyParams struct {
-	ComponentName string      `json:"component_name"`
-	Process       string      `json:"process"`
-	SessionID     uuid.UUID   `json:"session_id"`
-	MachineIds    []uuid.UUID `json:"machine_ids"`
+	ComponentName string
+	Process       string
+	SessionID     uuid.UUID
+	MachineIds    []uuid.UUID
 }
 
 type WorkClaimManyRow struct {
-	MachineID    uuid.UUID     `json:"machine_id"`
-	ClaimID      uuid.NullUUID `json:"claim_id"`
-	FencingToken sql.NullInt64 `json:"fencing_token"`
+	MachineID    uuid.UUID
+	ClaimID      uuid.NullUUID
+	FencingToken sql.NullInt64
 }
 
 // WorkClaimMany claims, in one statement, each of machine_ids that is
@@ -151,15 +151,15 @@ SELECT
 `
 
 type WorkClaimStateParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
+	MachineID uuid.UUID
+	Process   string
 }
 
 type WorkClaimStateRow struct {
-	InBackoff   bool      `json:"in_backoff"`
-	Claimed     bool      `json:"claimed"`
-	ClaimedLive bool      `json:"claimed_live"`
-	Holder      uuid.UUID `json:"holder"`
+	InBackoff   bool
+	Claimed     bool
+	ClaimedLive bool
+	Holder      uuid.UUID
 }
 
 // WorkClaimState tells why (machine, process) could not be claimed: whether
@@ -192,13 +192,13 @@ FROM ended
 `
 
 type WorkEndParams struct {
-	Event         WorkHistoryEvent `json:"event"`
-	FailedCause   sql.NullString   `json:"failed_cause"`
-	ComponentName string           `json:"component_name"`
-	MachineID     uuid.UUID        `json:"machine_id"`
-	Process       string           `json:"process"`
-	SessionID     uuid.UUID        `json:"session_id"`
-	ClaimID       uuid.UUID        `json:"claim_id"`
+	Event         WorkHistoryEvent
+	FailedCause   sql.NullString
+	ComponentName string
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
+	ClaimID       uuid.UUID
 }
 
 // WorkEnd removes the claim of (machine, process) only if it is still the
@@ -235,9 +235,9 @@ RETURNING work_history.process
 `
 
 type WorkEndSessionParams struct {
-	Event         WorkHistoryEvent `json:"event"`
-	ComponentName string           `json:"component_name"`
-	SessionID     uuid.UUID        `json:"session_id"`
+	Event         WorkHistoryEvent
+	ComponentName string
+	SessionID     uuid.UUID
 }
 
 // WorkEndSession removes every claim of a session, recording the given event
@@ -285,11 +285,11 @@ FROM ended
 `
 
 type WorkFinishParams struct {
-	ComponentName string    `json:"component_name"`
-	MachineID     uuid.UUID `json:"machine_id"`
-	Process       string    `json:"process"`
-	SessionID     uuid.UUID `json:"session_id"`
-	ClaimID       uuid.UUID `json:"claim_id"`
+	ComponentName string
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
+	ClaimID       uuid.UUID
 }
 
 // WorkFinish is WorkEnd for a successful end, in one statement: it removes
@@ -325,11 +325,11 @@ RETURNING work_history.machine_id
 `
 
 type WorkFinishManyParams struct {
-	ComponentName string      `json:"component_name"`
-	Process       string      `json:"process"`
-	SessionID     uuid.UUID   `json:"session_id"`
-	MachineIds    []uuid.UUID `json:"machine_ids"`
-	ClaimIds      []uuid.UUID `json:"claim_ids"`
+	ComponentName string
+	Process       string
+	SessionID     uuid.UUID
+	MachineIds    []uuid.UUID
+	ClaimIds      []uuid.UUID
 }
 
 // WorkFinishMany ends, as Finished, the claims claim_ids of process on
@@ -370,8 +370,8 @@ WHERE machine_id = $1 AND process = $2
 `
 
 type WorkGetParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
+	MachineID uuid.UUID
+	Process   string
 }
 
 // WorkGet returns the claim of (machine, process), live or not.
@@ -407,15 +407,15 @@ RETURNING work_history.claim_id, work_history.fencing_token
 `
 
 type WorkStartParams struct {
-	ComponentName string    `json:"component_name"`
-	MachineID     uuid.UUID `json:"machine_id"`
-	Process       string    `json:"process"`
-	SessionID     uuid.UUID `json:"session_id"`
+	ComponentName string
+	MachineID     uuid.UUID
+	Process       string
+	SessionID     uuid.UUID
 }
 
 type WorkStartRow struct {
-	ClaimID      uuid.NullUUID `json:"claim_id"`
-	FencingToken sql.NullInt64 `json:"fencing_token"`
+	ClaimID      uuid.NullUUID
+	FencingToken sql.NullInt64
 }
 
 // WorkStart inserts the claim of (machine, process) for a session together

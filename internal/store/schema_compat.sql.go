@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: schema_compat.sql
 
-package model
+package store
 
 import (
 	"context"
@@ -17,14 +17,14 @@ WHERE application = $1::TEXT
 `
 
 type AppSchemaCompatOldestParams struct {
-	Application     string `json:"application"`
-	KnownVersion    int64  `json:"known_version"`
-	DatabaseVersion int64  `json:"database_version"`
+	Application     string
+	KnownVersion    int64
+	DatabaseVersion int64
 }
 
 type AppSchemaCompatOldestRow struct {
-	OldestCompatible int64 `json:"oldest_compatible"`
-	Declared         int64 `json:"declared"`
+	OldestCompatible int64
+	Declared         int64
 }
 
 // AppSchemaCompatOldest is SchemaCompatOldest for an application's own
@@ -43,13 +43,13 @@ WHERE version > $1::INT8 AND version <= $2::INT8
 `
 
 type SchemaCompatOldestParams struct {
-	KnownVersion    int64 `json:"known_version"`
-	DatabaseVersion int64 `json:"database_version"`
+	KnownVersion    int64
+	DatabaseVersion int64
 }
 
 type SchemaCompatOldestRow struct {
-	OldestCompatible int64 `json:"oldest_compatible"`
-	Declared         int64 `json:"declared"`
+	OldestCompatible int64
+	Declared         int64
 }
 
 // SchemaCompatOldest returns the oldest schema version whose binaries still

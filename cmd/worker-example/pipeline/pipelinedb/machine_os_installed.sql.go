@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: machine_os_installed.sql
 
-package model
+package pipelinedb
 
 import (
 	"context"
@@ -23,44 +23,8 @@ type MachineOSInstalledInsertParams struct {
 // MachineOSInstalledInsert tags a machine as having its OS installed (the
 // example's last stage).
 func (q *Queries) MachineOSInstalledInsert(ctx context.Context, arg MachineOSInstalledInsertParams) error {
-	_, err := q.exec(ctx, q.machineOSInstalledInsertStmt, machineOSInstalledInsert, arg.MachineID, arg.OsImage)
+	_, err := q.db.ExecContext(ctx, machineOSInstalledInsert, arg.MachineID, arg.OsImage)
 	return err
-}
-
-const machineStageCounts = `-- name: MachineStageCounts :one
-SELECT
-    (SELECT count(*) FROM machines) AS machines,
-    (SELECT count(*) FROM machine_provided) AS provided,
-    (SELECT count(*) FROM machine_agent_started) AS agent_started,
-    (SELECT count(*) FROM machine_os_installed) AS os_installed,
-    (SELECT count(*) FROM work) AS in_flight,
-    (SELECT count(*) FROM work_backoff WHERE until > now()) AS backed_off
-`
-
-type MachineStageCountsRow struct {
-	Machines     int64 `json:"machines"`
-	Provided     int64 `json:"provided"`
-	AgentStarted int64 `json:"agent_started"`
-	OsInstalled  int64 `json:"os_installed"`
-	InFlight     int64 `json:"in_flight"`
-	BackedOff    int64 `json:"backed_off"`
-}
-
-// MachineStageCounts returns the example pipeline's progress: machines in
-// all, per completed stage, live claims, and (machine, process) pairs in
-// backoff now.
-func (q *Queries) MachineStageCounts(ctx context.Context) (MachineStageCountsRow, error) {
-	row := q.queryRow(ctx, q.machineStageCountsStmt, machineStageCounts)
-	var i MachineStageCountsRow
-	err := row.Scan(
-		&i.Machines,
-		&i.Provided,
-		&i.AgentStarted,
-		&i.OsInstalled,
-		&i.InFlight,
-		&i.BackedOff,
-	)
-	return i, err
 }
 
 const machinesNeedingOSInstall = `-- name: MachinesNeedingOSInstall :many
@@ -84,7 +48,7 @@ LIMIT $1
 // of "install-os" nor of the conflicting "start-agent", and are not in
 // backoff for "install-os".
 func (q *Queries) MachinesNeedingOSInstall(ctx context.Context, rowLimit int32) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.machinesNeedingOSInstallStmt, machinesNeedingOSInstall, rowLimit)
+	rows, err := q.db.QueryContext(ctx, machinesNeedingOSInstall, rowLimit)
 	if err != nil {
 		return nil, err
 	}

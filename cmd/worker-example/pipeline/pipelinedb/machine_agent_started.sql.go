@@ -3,7 +3,7 @@
 //   sqlc v1.31.1
 // source: machine_agent_started.sql
 
-package model
+package pipelinedb
 
 import (
 	"context"
@@ -23,7 +23,7 @@ type MachineAgentStartedInsertParams struct {
 // MachineAgentStartedInsert tags a machine's agent as started (the
 // example's second stage).
 func (q *Queries) MachineAgentStartedInsert(ctx context.Context, arg MachineAgentStartedInsertParams) error {
-	_, err := q.exec(ctx, q.machineAgentStartedInsertStmt, machineAgentStartedInsert, arg.MachineID, arg.AgentVersion)
+	_, err := q.db.ExecContext(ctx, machineAgentStartedInsert, arg.MachineID, arg.AgentVersion)
 	return err
 }
 
@@ -49,7 +49,7 @@ LIMIT $1
 // restarted under a running install), and are not in backoff for
 // "start-agent".
 func (q *Queries) MachinesNeedingAgentStart(ctx context.Context, rowLimit int32) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.machinesNeedingAgentStartStmt, machinesNeedingAgentStart, rowLimit)
+	rows, err := q.db.QueryContext(ctx, machinesNeedingAgentStart, rowLimit)
 	if err != nil {
 		return nil, err
 	}

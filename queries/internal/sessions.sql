@@ -1,0 +1,81 @@
+-- name: SessionStart :one
+-- SessionStart inserts a new session whose deadline is one interval from now
+-- on the database clock, and returns its id.
+INSERT INTO sessions (component_name, runtime_info, interval_seconds, deadline)
+VALUES (
+    sqlc.arg(component_name),
+    sqlc.arg(runtime_info),
+    sqlc.arg(interval_seconds)::FLOAT8,
+    statement_timestamp() + sqlc.arg(interval_seconds)::FLOAT8 * INTERVAL '1 second'
+)
+RETURNING session_id;
+
+-- name: SessionPoke :execrows
+-- SessionPoke extends a live session's deadline by its interval. It affects
+-- no row when the session has expired or is gone: an expired session is never
+-- resurrected. It compares with statement_timestamp(), not now(): on
+-- CockroachDB now() keeps its value across a transaction's retries, and a
+-- retried poke must not extend a session that expired meanwhile. It updates
+-- no key column, so it does not conflict with the FOR KEY SHARE lock of
+-- SessionCheck.
+UPDATE sessions
+SET deadline = statement_timestamp() + interval_seconds * INTERVAL '1 second'
+WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp();
+
+-- name: SessionCheck :one
+-- SessionCheck returns the session's id if it is alive on the database clock
+-- (at this statement, not at the start of the transaction), and no row
+-- otherwise. Every session transaction runs it first. FOR KEY SHARE keeps
+-- the row from being deleted until the transaction ends: a takeover or GC
+-- of the session deletes it, so they wait for the session's open
+-- transactions (or abort them), and no transaction of a superseded session
+-- commits after the takeover.
+SELECT session_id FROM sessions
+WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp()
+FOR KEY SHARE;
+
+-- name: SessionCheckBeforeCommit :one
+-- SessionCheckBeforeCommit is the last statement of every session
+-- transaction: it returns the session's deadline as the transaction sees
+-- it, if the session is alive at this statement, and lowers the
+-- transaction's idle_in_transaction_session_timeout to the time left until
+-- then (at most max_idle_ms), so that if the client stalls before COMMIT the
+-- server ends the transaction at the deadline rather than commit it later.
+SELECT deadline,
+       set_config('idle_in_transaction_session_timeout',
+           GREATEST(1, LEAST(sqlc.arg(max_idle_ms)::INT8,
+               (EXTRACT(EPOCH FROM (deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
+           true) AS idle_timeout
+FROM sessions
+WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp()
+FOR KEY SHARE;
+
+-- name: SessionDelete :execrows
+-- SessionDelete removes a session row; its work rows go with it (cascade).
+-- Callers record their history first.
+DELETE FROM sessions WHERE session_id = sqlc.arg(session_id);
+
+-- name: SessionLockExpired :many
+-- SessionLockExpired locks, for deletion, the sessions whose deadline passed
+-- more than grace_seconds ago, and returns their ids. GC runs it first, so
+-- that it takes the session rows before their claims, in the same order as
+-- every session transaction (no deadlock with a stalled one: GC waits for
+-- it, bounded by lock_timeout).
+SELECT session_id FROM sessions
+WHERE deadline < statement_timestamp() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second'
+ORDER BY session_id
+LIMIT sqlc.arg(row_limit)
+FOR UPDATE;
+
+-- name: SessionLockIfExpired :one
+-- SessionLockIfExpired locks an expired session for deletion (a takeover of
+-- its claims) and returns its id; no row if it is alive or gone.
+SELECT session_id FROM sessions
+WHERE session_id = sqlc.arg(session_id) AND deadline <= statement_timestamp()
+FOR UPDATE;
+
+-- name: SessionDeleteMany :execrows
+-- SessionDeleteMany removes the given sessions (locked by
+-- SessionLockExpired or SessionLockIfExpired); callers first end their
+-- claims with WorkAbandonOfSessions.
+DELETE FROM sessions WHERE session_id = ANY (sqlc.arg(session_ids)::UUID[]);
