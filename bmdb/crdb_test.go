@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )

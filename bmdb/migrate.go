@@ -19,8 +19,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/internal/crdbmode"
-	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // Schemas are migrated by golang-migrate, one source after the other:

@@ -13,8 +13,8 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/internal/wait"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // Session is a component's liveness in the database: a sessions row whose

@@ -10,8 +10,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/bmdb-dev/bmdb/internal/wait"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // Work is a claim of one machine for one process by a session: the

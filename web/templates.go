@@ -36,8 +36,8 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%.1fh", d.Hours())
 	},
-	"short":  func(id uuid.UUID) string { return id.String()[:8] },
-	"query":  urlQueryEscape,
+	"short": func(id uuid.UUID) string { return id.String()[:8] },
+	"query": urlQueryEscape,
 	// filterQuery renders a machine filter as query parameters ending in &.
 	"filterQuery": func(f MachineFilter) template.URL {
 		if q := f.query(); q != "" {

@@ -18,10 +18,10 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
+	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
 var binary string // the bmdbctl built for the tests
