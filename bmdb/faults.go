@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
 
 	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 )
@@ -143,5 +144,5 @@ func (f *faults) commit(c *conn, t driver.Tx) (handled bool, err error) {
 }
 
 func injected(code, msg string) error {
-	return &pq.Error{Severity: "ERROR", Code: pq.ErrorCode(code), Message: msg}
+	return &pq.Error{Severity: "ERROR", Code: pqerror.Code(code), Message: msg}
 }
