@@ -49,11 +49,16 @@ func TestPipelineCompletes(t *testing.T) {
 	if open != 0 {
 		t.Errorf("%d work or session rows left", open)
 	}
-	// No machine entered a stage before the previous one was done.
+	// No machine entered a stage before the previous one was done: each
+	// start-agent claim was inserted after its machine's provide claim
+	// finished. (History ids order the inserts; the rows' times are their
+	// transactions' start times, which do not: a claim that began before
+	// the finish committed can still have seen it.)
 	var early int
 	err = db.QueryRow(`SELECT count(*) FROM work_history h
-		JOIN machine_provided p USING (machine_id)
-		WHERE h.process = 'start-agent' AND h.event = 'Started' AND h.at < p.provided_at`).Scan(&early)
+		WHERE h.process = 'start-agent' AND h.event = 'Started' AND h.id < (
+			SELECT min(f.id) FROM work_history f
+			WHERE f.machine_id = h.machine_id AND f.process = 'provide' AND f.event = 'Finished')`).Scan(&early)
 	if err != nil || early != 0 {
 		t.Errorf("%d agent starts before the machine was provided (err %v)", early, err)
 	}
