@@ -74,6 +74,7 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 	e.exec("CREATE TABLE oncall (doctor TEXT PRIMARY KEY, on_call BOOL NOT NULL)")
 	e.exec("INSERT INTO oncall VALUES ('alice', true), ('bob', true)")
 	c := e.open()
+	exact(c) // the steps below are choreographed: no injected failures
 	sessions := map[string]*Session{"alice": e.session(c), "bob": e.session(c)}
 
 	// Each doctor goes off call if someone else stays on call: serially,
@@ -91,9 +92,13 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 			return errors.New("test coordination timed out")
 		}
 	}
+	// bobChecked: bob has run his last check before COMMIT, so that alice's
+	// commit is found by bob's COMMIT, not by that check's statement.
+	bobChecked := make(chan struct{})
 	var bobHeld atomic.Bool
 	c.hooks.beforeCommit = func(id uuid.UUID) {
 		if id == sessions["bob"].ID() && bobHeld.CompareAndSwap(false, true) {
+			close(bobChecked)
 			_ = wait(aliceDone)
 		}
 	}
@@ -124,18 +129,14 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 			return nil
 		})
 	}
-	bobWrote := make(chan struct{})
 	errs := make(chan error, 2)
 	go func() {
-		err := goOff("alice", "bob", func() error { return wait(bobWrote) })
+		err := goOff("alice", "bob", func() error { return wait(bobChecked) })
 		close(aliceDone)
 		errs <- err
 	}()
 	go func() {
-		errs <- goOff("bob", "alice", func() error {
-			close(bobWrote)
-			return nil
-		})
+		errs <- goOff("bob", "alice", func() error { return nil })
 	}()
 	for range 2 {
 		if err := <-errs; err != nil {
@@ -145,7 +146,17 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM oncall WHERE on_call"); n != 1 {
 		t.Fatalf("%d doctors on call, want 1: write skew committed", n)
 	}
-	if st := c.Stats(); st.TxCommitRetries == 0 {
+	st := c.Stats()
+	if c.engine == engineCockroach {
+		// Cockroach mode (BMDB_TEST_COCKROACH) on PostgreSQL: bob's last
+		// check before COMMIT, a statement inside the savepoint, may be
+		// where PostgreSQL finds the write skew; it is restarted in place.
+		if st.TxRetries == 0 {
+			t.Fatalf("no retry (stats %+v): the test did not reach the write skew", st)
+		}
+		return
+	}
+	if st.TxCommitRetries == 0 {
 		t.Fatalf("no retry of a COMMIT failure (stats %+v): the test did not reach that path", st)
 	}
 }
