@@ -69,9 +69,11 @@ FROM bmdb_migration_lock WHERE lock_id = 1`
 )
 
 // Codes of a lost race between concurrent CREATE TABLE IF NOT EXISTS on
-// PostgreSQL (the type's row, or the relation, already exists).
+// PostgreSQL: the relation, or its row type, already exists (besides a
+// unique violation in the catalog, 23505).
 const (
-	codeDuplicateTable = "42P07"
+	codeDuplicateTable  = "42P07"
+	codeDuplicateObject = "42710"
 )
 
 // ensureTable runs a CREATE TABLE IF NOT EXISTS, retrying the races that
@@ -83,7 +85,7 @@ func ensureTable(ctx context.Context, db *sql.DB, createSQL string) error {
 		switch code := sqlState(err); {
 		case err == nil:
 			return nil
-		case code == codeUniqueViolation || code == codeDuplicateTable || isRetryable(err):
+		case code == codeUniqueViolation || code == codeDuplicateTable || code == codeDuplicateObject || isRetryable(err):
 			if err := wait.Sleep(ctx, retryDelay(attempt)); err != nil {
 				return err
 			}
