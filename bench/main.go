@@ -193,6 +193,7 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 	defer rb.Close()
 	db := conn.DB()
 	floor, bm, bb, rv := map[int][]result{}, map[int][]result{}, map[int][]result{}, map[int][]result{}
+	loop, loopGroup, loop2 := map[int][]result{}, map[int][]result{}, map[int][]result{}
 	var checks []string
 	for round := 1; round <= cfg.rounds; round++ {
 		for _, n := range cfg.workers {
@@ -223,6 +224,30 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 				fmt.Fprintf(os.Stderr, ", bmdb batch %.0f/s", r.rate())
 			}
 
+			r, chk, err = loopOnce(ctx, dsn, cfg.machines, n, 1, false)
+			if err != nil {
+				return fmt.Errorf("worker.Loop N=%d: %w", n, err)
+			}
+			loop[n] = append(loop[n], r)
+			checks = append(checks, fmt.Sprintf("round %d N=%-2d loop %s", round, n, chk))
+			fmt.Fprintf(os.Stderr, ", loop %.0f/s", r.rate())
+			r, chk, err = loopOnce(ctx, dsn, cfg.machines, n, 1, true)
+			if err != nil {
+				return fmt.Errorf("worker.Loop N=%d with Commit: %w", n, err)
+			}
+			loopGroup[n] = append(loopGroup[n], r)
+			checks = append(checks, fmt.Sprintf("round %d N=%-2d loop with Commit %s", round, n, chk))
+			fmt.Fprintf(os.Stderr, ", loop with Commit %.0f/s", r.rate())
+			if n >= 2 {
+				r, chk, err = loopOnce(ctx, dsn, cfg.machines, n, 2, false)
+				if err != nil {
+					return fmt.Errorf("worker.Loop N=%d in 2 processes: %w", n, err)
+				}
+				loop2[n] = append(loop2[n], r)
+				checks = append(checks, fmt.Sprintf("round %d N=%-2d loop 2 processes %s", round, n, chk))
+				fmt.Fprintf(os.Stderr, ", loop 2 processes %.0f/s", r.rate())
+			}
+
 			if r, err = rb.run(ctx, cfg.machines, n); err != nil {
 				return err
 			}
@@ -251,6 +276,23 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 		}
 		t.flush()
 	}
+	fmt.Printf("\n== worker.Loop, the default path: a handler per machine, N handlers, a commit callback per machine; "+
+		"with Commit: one statement commits every machine of an end transaction (worker.Config.Commit); "+
+		"2 processes: two Connections with N/2 handlers each; M=%d, median of %d rounds ==\n", cfg.machines, cfg.rounds)
+	lt := newTable(os.Stdout, "N", "floor items/s", "loop items/s", "River jobs/s", "loop/River", "tx/item", "retries/item",
+		"with Commit items/s", "with Commit/River", "2 procs items/s", "2 procs/River", "2 procs retries/item")
+	for _, n := range cfg.workers {
+		f, l, r, lg := median(floor[n]), median(loop[n]), median(rv[n]), median(loopGroup[n])
+		two, twoRatio, twoRetries := "-", "-", "-"
+		if len(loop2[n]) > 0 {
+			l2 := median(loop2[n])
+			two, twoRatio, twoRetries = f0(l2.rate()), ratio(l2.rate(), r.rate()), f2(float64(l2.retries)/float64(max(l2.items, 1)))
+		}
+		lt.row(fmt.Sprint(n), f0(f.rate()), f0(l.rate()), f0(r.rate()), ratio(l.rate(), r.rate()),
+			f2(float64(l.attempts)/float64(max(l.items, 1))), f2(float64(l.retries)/float64(max(l.items, 1))),
+			f0(lg.rate()), ratio(lg.rate(), r.rate()), two, twoRatio, twoRetries)
+	}
+	lt.flush()
 	fmt.Println("exactly-once check (work_history, per bmdb run):")
 	for _, c := range checks {
 		fmt.Println("  " + c)

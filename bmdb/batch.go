@@ -24,9 +24,12 @@ const MaxBatch = 1000
 //
 // On PostgreSQL, concurrent claim cycles on the small, hot work table
 // conflict under SERIALIZABLE whatever machines they touch, so throughput
-// grows with work done per transaction, not with workers: batches are the
-// way to scale there. A batch holds its machines until each ends, so keep
-// limit near what a worker processes at once.
+// grows with work done per transaction, not with workers: claim for as many
+// machines as you have free workers (as worker.Loop does), and let
+// concurrent ends share transactions (see Work.Finish). A batch holds its
+// machines until each ends, so keep limit near what a worker processes at
+// once. Like Work, it may share its transaction with the session's other
+// concurrent claims of process.
 //
 // It returns an error wrapping ErrInvalidArgument for limit outside
 // [1, MaxBatch], and otherwise the errors of Work.

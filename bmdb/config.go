@@ -19,6 +19,8 @@ const (
 	MaxTxAttemptsDefault = 100
 	// MaxIdleConnsDefault is the default Config.MaxIdleConns.
 	MaxIdleConnsDefault = 32
+	// MaxGroupSizeDefault is the default Config.MaxGroupSize.
+	MaxGroupSizeDefault = 100
 	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
 	// default --max-offset of a CockroachDB cluster.
 	MaxClockOffsetDefault = 500 * time.Millisecond
@@ -126,6 +128,12 @@ type Config struct {
 	// not be negative. Defaults to MaxClockOffsetDefault.
 	MaxClockOffset time.Duration
 
+	// MaxGroupSize bounds how many concurrent calls of a session one
+	// transaction serves: claims (Work, WorkBatch) of one process, or ends
+	// (Finish, FinishWith, Cancel, Fail). Must be in [1, MaxBatch]; 1 gives
+	// every call a transaction of its own. Defaults to MaxGroupSizeDefault.
+	MaxGroupSize int
+
 	// cockroachMode, if set (tests in this package), replaces the
 	// process-wide crdbmode settings for this Connection.
 	cockroachMode *crdbmode.Settings
@@ -161,6 +169,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxClockOffset == 0 {
 		c.MaxClockOffset = MaxClockOffsetDefault
+	}
+	if c.MaxGroupSize == 0 {
+		c.MaxGroupSize = MaxGroupSizeDefault
 	}
 	return c
 }
@@ -200,6 +211,8 @@ func (c Config) validate() error {
 		return invalidArgument("Config.NetworkTimeout is %v, must not be negative", c.NetworkTimeout)
 	case c.MaxClockOffset < 0:
 		return invalidArgument("Config.MaxClockOffset is %v, must not be negative", c.MaxClockOffset)
+	case c.MaxGroupSize < 1 || c.MaxGroupSize > MaxBatch:
+		return invalidArgument("Config.MaxGroupSize is %d, must be in [1, %d]", c.MaxGroupSize, MaxBatch)
 	case c.Application != nil:
 		return c.Application.validate()
 	}

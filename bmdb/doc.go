@@ -67,12 +67,21 @@
 //     Work.FencingToken, which grows with every claim of a (machine,
 //     process), and have the external system refuse older tokens.
 //
-// Claims scale by batches. On PostgreSQL, SERIALIZABLE tracks reads of the
+// Claims scale by groups. On PostgreSQL, SERIALIZABLE tracks reads of the
 // small, hot work index per page, so concurrent claim transactions abort
 // each other whatever machines they touch; a Connection therefore runs its
 // claim transactions one at a time (Config.ClaimConcurrency, ends of claims
-// first), and Session.WorkBatch and Session.FinishAll claim and finish many
-// machines per transaction.
+// first). Concurrent calls of a session share transactions instead: the
+// Work and WorkBatch calls of one process are served by one claim
+// transaction, and Finish, FinishWith, Cancel and Fail calls by one end
+// transaction with multi-row statements, each attempt taking in whatever
+// is queued when it begins (up to Config.MaxGroupSize). Each caller gets
+// its own result, nil only once its group committed; a lost claim or a
+// failing callback fails only its own caller (the group is then retried
+// one call at a time). worker.Loop relies on this: it claims for all its
+// free handlers in one WorkBatch, and its handlers' ends are grouped.
+// Work.FinishWith and CommitGroup let an application commit the results of
+// a whole group in one statement.
 //
 // Failures back off. Work.Fail records the cause and, given a Backoff, keeps
 // the (machine, process) from being claimed until an exponentially growing

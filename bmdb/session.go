@@ -50,6 +50,11 @@ type Session struct {
 	// goroutine is doing.
 	expiry *time.Timer
 
+	// claims and ends group the session's concurrent claims (per process)
+	// and ends into shared transactions (group.go).
+	claims claimQueues
+	ends   queue[*endRequest]
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -82,6 +87,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 		cancel:   cancel,
 		done:     make(chan struct{}),
 	}
+	s.ends.limit = c.cfg.MaxGroupSize
 	s.setLocalDeadline(start.Add(s.lifetime))
 	s.expiry = time.AfterFunc(time.Hour, s.expireLocally)
 	s.expiry.Reset(time.Until(*s.localDeadline.Load()))

@@ -87,6 +87,15 @@ func (w *Work) FencingToken() int64 { return w.token }
 // error wrapping ErrInvalidArgument for a bad process name or a nil
 // retrieve, and the errors of Transact. If the claim's COMMIT was ambiguous,
 // Work finds out which of its claims committed and returns those.
+//
+// Concurrent Work and WorkBatch calls of a session for the same process
+// share one claim transaction (see the package doc): each runs its own
+// retrieve in it and gets machines no other call of the group got. A call
+// whose ctx ends while it waits for its group leaves without claiming;
+// once its group's transaction has begun it waits for the outcome, which
+// is bounded by the session and by the latest deadline in the group.
+// retrieve must not call Work or Finish of the same session (it would wait
+// for its own group).
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
 	works, err := s.claimBatch(ctx, process, 1, retrieve)
 	if err != nil {
@@ -102,8 +111,9 @@ type claim struct {
 	token   int64     // its fencing token
 }
 
-// claimBatch is Work and WorkBatch: it claims up to limit candidates in one
-// transaction.
+// claimBatch is Work and WorkBatch: it claims up to limit candidates, in a
+// transaction that may serve the session's other concurrent claims of
+// process too (claimgroup.go).
 func (s *Session) claimBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
 	if err := ValidateProcess(process); err != nil {
 		return nil, err
@@ -112,19 +122,9 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
 	start := time.Now()
-	var claims []claim
-	var abandoned []string
-	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
-		candidates, err := retrieve(tx)
-		if err != nil {
-			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
-		}
-		claims, abandoned, err = s.claimCandidates(ctx, tx, process, candidates, limit)
-		return err
-	})
-	if errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0 {
-		claims, err = s.resolveAmbiguousClaims(ctx, process, claims, err)
-	}
+	r := &claimRequest{limit: limit, retrieve: retrieve}
+	err := s.claimGrouped(ctx, process, r)
+	claims, abandoned := r.claims, r.abandoned
 	metrics := s.conn.metrics
 	if err != nil {
 		if errors.Is(err, ErrWorkConflict) {
@@ -179,40 +179,6 @@ func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, cl
 		return nil, ambiguous
 	}
 	return held, nil
-}
-
-// claimCandidates claims up to limit candidates inside tx, in order, and
-// returns the processes of the claims it ended as Abandoned to take one
-// over from an expired session.
-//
-// The first pass only inserts (WorkClaimMany), which reads no work row: on
-// PostgreSQL an uncontended claim then takes no SERIALIZABLE read lock on
-// the small, hot work index, so concurrent claims of different machines do
-// not abort each other through it. Only if no candidate could be claimed
-// does the second pass read the claims' state, to take over one held by an
-// expired session or to tell a conflict from backoff.
-func (s *Session) claimCandidates(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, limit int) ([]claim, []string, error) {
-	candidates = distinct(candidates)
-	var claimed []claim
-	// Claim in chunks of what is still missing: one statement when nothing
-	// is contended, never more than limit claims.
-	for rest := candidates; len(rest) > 0 && len(claimed) < limit; {
-		chunk := rest[:min(limit-len(claimed), len(rest))]
-		rest = rest[len(chunk):]
-		got, err := s.claimMany(ctx, tx, process, chunk)
-		if err != nil {
-			return nil, nil, err
-		}
-		claimed = append(claimed, got...)
-	}
-	if len(claimed) > 0 {
-		return claimed, nil, nil
-	}
-	c, abandoned, err := s.takeOverFirst(ctx, tx, process, candidates)
-	if err != nil {
-		return nil, nil, err
-	}
-	return []claim{c}, abandoned, nil
 }
 
 // claimMany runs WorkClaimMany on machines and returns the claims made, in
@@ -341,40 +307,39 @@ func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process 
 // gone (taken over after expiry, or removed with the session) Finish returns
 // ErrWorkLost, or ErrSessionExpired, and commit does not take effect.
 //
+// Concurrent Finish, FinishWith, Cancel and Fail calls of a session share
+// one transaction (multi-row statements, each commit callback in turn); each
+// returns its own outcome, and nil only once that transaction committed. A
+// call waits for its group once the group's transaction has started, even if
+// ctx ends.
+//
 // commit may run several times (see Transact) and must not be nil. An error
-// from commit rolls everything back and leaves the Work open.
+// from commit rolls its own end back (the other ends of its group are
+// retried without it) and leaves the Work open.
 func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 	if commit == nil {
 		return invalidArgument("Finish: commit is nil")
 	}
-	return w.end(ctx, store.WorkHistoryEventFinished, func(tx *Tx) error { return w.finishIn(ctx, tx, commit) })
+	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventFinished, commit: commit})
 }
 
-// finishIn ends the claim as Finished inside tx, clears its backoff (one
-// statement, WorkFinish), and runs commit.
-func (w *Work) finishIn(ctx context.Context, tx *Tx, commit func(tx *Tx) error) error {
-	rows, err := tx.q.WorkFinish(ctx, store.WorkFinishParams{
-		MachineID: w.machine, Process: w.process, SessionID: w.s.id, ClaimID: w.claimID,
-		ComponentName: w.s.conn.cfg.ComponentName,
-	})
-	if err != nil {
-		return fmt.Errorf("bmdb: finishing %q on %s: %w", w.process, w.machine, err)
+// FinishWith is Finish with the result committed by g, once for all the
+// Works of its transaction that pass g (see CommitGroup). It returns an
+// error wrapping ErrInvalidArgument if g or g.Commit is nil.
+func (w *Work) FinishWith(ctx context.Context, g *CommitGroup) error {
+	if g == nil || g.Commit == nil {
+		return invalidArgument("FinishWith: the CommitGroup or its Commit is nil")
 	}
-	if rows == 0 {
-		return w.lostError()
-	}
-	return commit(tx)
+	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventFinished, group: g})
 }
 
 // Cancel ends the Work without a result and without backoff: it deletes the
 // claim (only if this session still holds it) and records Canceled, so that
 // the machine can be claimed again at once. Use it when the work was
 // interrupted, e.g. on shutdown. It returns ErrWorkLost or ErrSessionExpired
-// if the claim was already gone.
+// if the claim was already gone. Like Finish, it may share its transaction.
 func (w *Work) Cancel(ctx context.Context) error {
-	return w.end(ctx, store.WorkHistoryEventCanceled, func(tx *Tx) error {
-		return w.endClaim(ctx, tx, store.WorkHistoryEventCanceled, "")
-	})
+	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventCanceled})
 }
 
 // Fail ends the Work unsuccessfully: it deletes the claim (only if this
@@ -383,43 +348,30 @@ func (w *Work) Cancel(ctx context.Context) error {
 // grown from the previous one (see Backoff). cause is truncated to
 // MaxCauseLength bytes. It returns an error wrapping ErrInvalidArgument for
 // an invalid backoff, and ErrWorkLost or ErrSessionExpired if the claim was
-// already gone.
+// already gone. Like Finish, it may share its transaction.
 func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 	if backoff != nil {
 		if err := backoff.Validate(); err != nil {
 			return err
 		}
 	}
-	cause = truncateCause(cause)
-	err := w.end(ctx, store.WorkHistoryEventFailed, func(tx *Tx) error {
-		if err := w.endClaim(ctx, tx, store.WorkHistoryEventFailed, cause); err != nil {
-			return err
-		}
-		if backoff == nil {
-			return nil
-		}
-		return backoff.apply(ctx, tx, w.machine, w.process, cause)
-	})
-	if err == nil && backoff != nil {
-		w.s.conn.metrics.backoff(w.process)
-	}
-	return err
+	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventFailed, cause: truncateCause(cause), backoff: backoff})
 }
 
-// end runs one of Finish, Cancel and Fail, recording event, at most once
-// successfully.
-func (w *Work) end(ctx context.Context, event store.WorkHistoryEvent, fn func(tx *Tx) error) error {
+// end runs one of Finish, Cancel and Fail, at most once successfully.
+func (w *Work) end(ctx context.Context, r *endRequest) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
-		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.machine, event, ErrWorkDone)
+		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.machine, r.event, ErrWorkDone)
 	}
-	err := w.s.claimTransact(ctx, priorityEnd, fn)
+	if err := w.s.alive(); err != nil {
+		w.ended = claimGone(err)
+		return err
+	}
+	err := w.s.endGrouped(ctx, r)
 	if err == nil || claimGone(err) {
 		w.ended = true
-	}
-	if err == nil {
-		w.s.conn.metrics.workEvent(w.process, event)
 	}
 	return err
 }
@@ -427,27 +379,6 @@ func (w *Work) end(ctx context.Context, event store.WorkHistoryEvent, fn func(tx
 // claimGone reports whether err says the claim no longer exists.
 func claimGone(err error) bool {
 	return errors.Is(err, ErrWorkLost) || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed)
-}
-
-// endClaim deletes the claim if this session holds it and records event.
-// This is the fence: a session that lost its claim commits nothing.
-func (w *Work) endClaim(ctx context.Context, tx *Tx, event store.WorkHistoryEvent, cause string) error {
-	rows, err := tx.q.WorkEnd(ctx, store.WorkEndParams{
-		Event:         event,
-		FailedCause:   sql.NullString{String: cause, Valid: cause != ""},
-		MachineID:     w.machine,
-		Process:       w.process,
-		SessionID:     w.s.id,
-		ClaimID:       w.claimID,
-		ComponentName: w.s.conn.cfg.ComponentName,
-	})
-	if err != nil {
-		return fmt.Errorf("bmdb: ending %q on %s: %w", w.process, w.machine, err)
-	}
-	if rows == 0 {
-		return w.lostError()
-	}
-	return nil
 }
 
 // lostError is ErrWorkLost for w.

@@ -1,12 +1,19 @@
-// Package worker runs the claim loop every bmdb component needs: N claimers
-// that take machines for one process with Session.Work, process them, and
-// end each claim with Finish (success), Fail with backoff (error) or Cancel
-// (shutdown), recreating the session when it expires.
+// Package worker runs the claim loop every bmdb component needs: it claims
+// machines for one process, processes each in a handler goroutine of its
+// own, up to Config.Concurrency at once, and ends each claim with Finish
+// (success), Fail with backoff (error) or Cancel (shutdown), recreating the
+// session when it expires.
 //
-// A Loop owns one session at a time, shared by its claimers. Processing runs
-// under a context that is cancelled when that session ends, so a worker that
-// lost its claims stops working on them; it is not cancelled when Run's
-// context is, so in-flight work may finish within Config.ShutdownGrace.
+// A Loop owns one session at a time. Its claimer claims as many machines as
+// it has free handlers in one transaction (Session.WorkBatch), and the
+// handlers' concurrent Finish, Fail and Cancel calls are committed together
+// by bmdb (see Work.Finish), so the per-machine handler the application
+// writes costs a fraction of two transactions per machine.
+//
+// Processing runs under a context that is cancelled when that session ends,
+// so a worker that lost its claims stops working on them; it is not
+// cancelled when Run's context is, so in-flight work may finish within
+// Config.ShutdownGrace.
 package worker
 
 import (
@@ -49,7 +56,8 @@ type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, 
 // error, which fails the Work with Config.Backoff and the error's text as
 // cause. ctx is cancelled when the session ends (the claim can no longer be
 // finished) or ShutdownGrace after shutdown began; Process should then
-// return promptly. It runs on one of the Loop's claimer goroutines.
+// return promptly. Each call runs on a handler goroutine of its own, up to
+// Config.Concurrency at once.
 type Process func(ctx context.Context, w *bmdb.Work) (commit func(tx *bmdb.Tx) error, err error)
 
 // Config configures a Loop. Process, Retrieve and Work are required.
@@ -61,19 +69,23 @@ type Config struct {
 	Retrieve Retrieve
 	// Work processes one claimed machine. Required.
 	Work Process
-	// Concurrency is the number of claimers, each working on at most one
-	// machine at a time. Defaults to ConcurrencyDefault.
+	// Commit, if set, commits the results of the machines whose Work
+	// returned a nil commit and no error, for all the machines that bmdb
+	// finishes in one transaction at once (Work.FinishWith): one statement
+	// for many machines instead of a callback each, for applications whose
+	// results can be written that way. Defaults to nil: such machines are
+	// finished with nothing committed beyond ending their claims.
+	Commit *bmdb.CommitGroup
+	// Concurrency is how many machines the loop works on at once, each in
+	// a handler goroutine of its own; the loop claims for all its free
+	// handlers in one transaction. At most bmdb.MaxBatch. Defaults to
+	// ConcurrencyDefault.
 	Concurrency int
 	// Candidates is the limit passed to Retrieve. The loop tries the
-	// candidates in random order, so that concurrent claimers spread over
-	// them. Defaults to CandidatesDefault, or 2*Batch if that is more.
+	// candidates in random order, so that loops of other processes spread
+	// over them. Defaults to CandidatesDefault, or 2*Concurrency if that is
+	// more.
 	Candidates int
-	// Batch is how many machines a claimer claims per transaction
-	// (Session.WorkBatch). It processes them one after another and finishes
-	// those that succeeded together (Session.FinishAll), which is how claims
-	// scale on PostgreSQL; failures and cancellations end one by one.
-	// Defaults to 1 (Session.Work).
-	Batch int
 	// Backoff is applied to a machine whose Work failed. Defaults to
 	// BackoffDefault.
 	Backoff bmdb.Backoff
@@ -96,11 +108,8 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency == 0 {
 		c.Concurrency = ConcurrencyDefault
 	}
-	if c.Batch == 0 {
-		c.Batch = 1
-	}
 	if c.Candidates == 0 {
-		c.Candidates = max(CandidatesDefault, 2*c.Batch)
+		c.Candidates = max(CandidatesDefault, 2*c.Concurrency)
 	}
 	if c.Backoff == (bmdb.Backoff{}) {
 		c.Backoff = BackoffDefault
@@ -129,10 +138,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: worker.Config.Retrieve is nil", bmdb.ErrInvalidArgument)
 	case c.Work == nil:
 		return fmt.Errorf("%w: worker.Config.Work is nil", bmdb.ErrInvalidArgument)
-	case c.Concurrency < 1:
-		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be positive", bmdb.ErrInvalidArgument, c.Concurrency)
-	case c.Batch < 1 || c.Batch > bmdb.MaxBatch:
-		return fmt.Errorf("%w: worker.Config.Batch is %d, must be in [1, %d]", bmdb.ErrInvalidArgument, c.Batch, bmdb.MaxBatch)
+	case c.Commit != nil && c.Commit.Commit == nil:
+		return fmt.Errorf("%w: worker.Config.Commit.Commit is nil", bmdb.ErrInvalidArgument)
+	case c.Concurrency < 1 || c.Concurrency > bmdb.MaxBatch:
+		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be in [1, %d]", bmdb.ErrInvalidArgument, c.Concurrency, bmdb.MaxBatch)
 	case c.Candidates < 1 || c.Candidates > 1<<20:
 		return fmt.Errorf("%w: worker.Config.Candidates is %d, must be in [1, 2^20]", bmdb.ErrInvalidArgument, c.Candidates)
 	case c.PollMin <= 0 || c.PollMax < c.PollMin:
@@ -151,7 +160,7 @@ func (c Config) validate() error {
 // Stats are a Loop's cumulative figures.
 type Stats struct {
 	Sessions  int64 // sessions started
-	Polls     int64 // Work calls
+	Polls     int64 // claim calls (Session.WorkBatch)
 	Claimed   int64 // successful claims
 	Finished  int64 // claims ended by Finish
 	Failed    int64 // claims ended by Fail
@@ -228,8 +237,8 @@ func (l *Loop) Run(ctx context.Context) error {
 	return nil
 }
 
-// runSession runs the claimers on sess until ctx is done (and in-flight
-// work has ended) or sess ends.
+// runSession claims and processes machines on sess until ctx is done (and
+// in-flight work has ended) or sess ends.
 func (l *Loop) runSession(ctx context.Context, sess *bmdb.Session) {
 	// workCtx is what Process runs under: it ends with the session, or
 	// ShutdownGrace after ctx.
@@ -247,25 +256,41 @@ func (l *Loop) runSession(ctx context.Context, sess *bmdb.Session) {
 	stopClaims := context.AfterFunc(sess.Context(), cancelClaims)
 	defer stopClaims()
 
-	var wg sync.WaitGroup
-	for range l.cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			l.claimer(claimCtx, workCtx, sess)
-		}()
-	}
-	wg.Wait()
+	var handlers sync.WaitGroup
+	l.claimer(claimCtx, workCtx, sess, &handlers)
+	handlers.Wait()
 }
 
 // errShutdown is the cause of the work context once ShutdownGrace is over.
 var errShutdown = errors.New("worker: shutdown grace period over")
 
-// claimer is one claiming goroutine.
-func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session) {
+// claimer claims machines for the free handlers, and starts a handler for
+// each machine claimed, until claimCtx ends. busy holds a token per handler
+// at work (or about to be): the claimer waits for one to be free, then
+// claims for every free one in one call.
+func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, handlers *sync.WaitGroup) {
+	busy := make(chan struct{}, l.cfg.Concurrency)
 	poll := l.cfg.PollMin
-	for claimCtx.Err() == nil {
-		works, err := l.claim(claimCtx, sess)
+	for {
+		select {
+		case busy <- struct{}{}:
+		case <-claimCtx.Done():
+			return
+		}
+		free := 1
+	more:
+		for free < l.cfg.Concurrency {
+			select {
+			case busy <- struct{}{}:
+				free++
+			default:
+				break more
+			}
+		}
+		works, err := l.claim(claimCtx, sess, free)
+		for range free - len(works) {
+			<-busy
+		}
 		if err != nil {
 			if claimCtx.Err() != nil {
 				return
@@ -278,19 +303,25 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session) {
 			continue
 		}
 		poll = l.cfg.PollMin
-		l.process(workCtx, sess, works)
+		for _, w := range works {
+			handlers.Go(func() {
+				defer func() { <-busy }()
+				commit, err := l.cfg.Work(workCtx, w)
+				l.settle(workCtx, w, commit, err)
+			})
+		}
 	}
 }
 
-// claim runs one Work (or WorkBatch) call with shuffled candidates.
-func (l *Loop) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, error) {
+// claim claims up to n machines in one call, with shuffled candidates.
+func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n int) ([]*bmdb.Work, error) {
 	l.polls.Add(1)
 	retrieve := func(tx *bmdb.Tx) ([]uuid.UUID, error) {
 		ids, err := l.cfg.Retrieve(ctx, tx, int32(l.cfg.Candidates))
 		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		return ids, err
 	}
-	works, err := sess.WorkBatch(ctx, l.cfg.Process, l.cfg.Batch, retrieve)
+	works, err := sess.WorkBatch(ctx, l.cfg.Process, n, retrieve)
 	switch {
 	case err == nil:
 		l.claimed.Add(int64(len(works)))
@@ -298,54 +329,6 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, err
 		l.conflicts.Add(1)
 	}
 	return works, err
-}
-
-// process runs Config.Work on each claimed machine, in turn, and ends the
-// claims: with several, those that succeeded together (FinishAll).
-func (l *Loop) process(workCtx context.Context, sess *bmdb.Session, works []*bmdb.Work) {
-	type success struct {
-		w      *bmdb.Work
-		commit func(*bmdb.Tx) error
-	}
-	var succeeded []success
-	for _, w := range works {
-		commit, err := l.cfg.Work(workCtx, w)
-		if err != nil || len(works) == 1 || sess.Context().Err() != nil {
-			l.settle(workCtx, w, commit, err)
-			continue
-		}
-		succeeded = append(succeeded, success{w, commit})
-	}
-	if len(succeeded) == 0 {
-		return
-	}
-	batch := make([]*bmdb.Work, len(succeeded))
-	for i, s := range succeeded {
-		batch[i] = s.w
-	}
-	err := l.ending(workCtx, func(ctx context.Context) error {
-		return sess.FinishAll(ctx, batch, func(tx *bmdb.Tx, _ []*bmdb.Work) error {
-			for _, s := range succeeded {
-				if s.commit == nil {
-					continue
-				}
-				if err := s.commit(tx); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-	})
-	if err == nil {
-		l.finished.Add(int64(len(succeeded)))
-		return
-	}
-	// One claim lost, one commit failing, or the database away: end them
-	// one by one, each as it can.
-	klog.Warningf("worker %s: finishing %d machines together: %v; finishing them one by one", l.cfg.Process, len(succeeded), err)
-	for _, s := range succeeded {
-		l.settle(workCtx, s.w, s.commit, nil)
-	}
 }
 
 // settle ends one claim after Config.Work returned commit and err.
@@ -359,10 +342,14 @@ func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.T
 	}
 	switch {
 	case err == nil:
-		if commit == nil {
-			commit = func(*bmdb.Tx) error { return nil }
+		finish := func(ctx context.Context) error { return w.Finish(ctx, commit) }
+		switch {
+		case commit == nil && l.cfg.Commit != nil:
+			finish = func(ctx context.Context) error { return w.FinishWith(ctx, l.cfg.Commit) }
+		case commit == nil:
+			finish = func(ctx context.Context) error { return w.Finish(ctx, func(*bmdb.Tx) error { return nil }) }
 		}
-		err := l.ending(workCtx, func(ctx context.Context) error { return w.Finish(ctx, commit) })
+		err := l.ending(workCtx, finish)
 		if err != nil && !lost(err) {
 			// The commit itself failed (or its outcome is unknown): back off
 			// rather than retry it at once. If it did commit, Fail finds the

@@ -44,7 +44,6 @@ type options struct {
 	dsn          string
 	machines     int
 	concurrency  int
-	batch        int
 	workDuration time.Duration
 	failureRate  float64
 	interval     time.Duration
@@ -59,8 +58,7 @@ func main() {
 	var o options
 	flag.StringVar(&o.dsn, "dsn", os.Getenv("BMDB_DSN"), "database DSN (default $BMDB_DSN)")
 	flag.IntVar(&o.machines, "machines", 200, "number of new machines to seed (0: use the machines already there)")
-	flag.IntVar(&o.concurrency, "concurrency", 8, "claimers per stage")
-	flag.IntVar(&o.batch, "batch", 1, "machines each claimer claims per transaction (and finishes together)")
+	flag.IntVar(&o.concurrency, "concurrency", 8, "machines each stage works on at once (claimed together, finished together)")
 	flag.DurationVar(&o.workDuration, "work-duration", 40*time.Millisecond, "mean simulated duration of one stage's work on one machine")
 	flag.Float64Var(&o.failureRate, "failure-rate", 0.1, "probability that one attempt of a stage fails (and backs off)")
 	flag.DurationVar(&o.interval, "session-interval", 2*time.Second, "bmdb session interval")
@@ -88,10 +86,8 @@ func (o options) validate() error {
 		return errors.New("no database: pass --dsn or set BMDB_DSN (make demo starts one)")
 	case o.machines < 0:
 		return fmt.Errorf("--machines is %d, must not be negative", o.machines)
-	case o.concurrency < 1:
-		return fmt.Errorf("--concurrency is %d, must be positive", o.concurrency)
-	case o.batch < 1 || o.batch > bmdb.MaxBatch:
-		return fmt.Errorf("--batch is %d, must be in [1, %d]", o.batch, bmdb.MaxBatch)
+	case o.concurrency < 1 || o.concurrency > bmdb.MaxBatch:
+		return fmt.Errorf("--concurrency is %d, must be in [1, %d]", o.concurrency, bmdb.MaxBatch)
 	case o.workDuration < 0:
 		return fmt.Errorf("--work-duration is %v, must not be negative", o.workDuration)
 	case !(o.failureRate >= 0 && o.failureRate < 1):
@@ -144,7 +140,6 @@ func run(ctx context.Context, o options) error {
 		l, err := worker.New(conn, worker.Config{
 			Process:       st.Process,
 			Concurrency:   o.concurrency,
-			Batch:         o.batch,
 			Backoff:       o.backoff,
 			PollMin:       20 * time.Millisecond,
 			PollMax:       500 * time.Millisecond,

@@ -18,7 +18,7 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 func TestPipelineCompletes(t *testing.T) {
 	dsn := testdb.New(t)
 	o := options{
-		dsn: dsn, machines: 30, concurrency: 4, batch: 3, workDuration: 5 * time.Millisecond,
+		dsn: dsn, machines: 30, concurrency: 4, workDuration: 5 * time.Millisecond,
 		failureRate: 0.3, interval: time.Second, timeout: time.Minute,
 		backoff: bmdb.Backoff{Initial: 20 * time.Millisecond, Maximum: 100 * time.Millisecond, Exponent: 2},
 	}
@@ -65,7 +65,7 @@ func TestPipelineCompletes(t *testing.T) {
 }
 
 func TestOptionsValidate(t *testing.T) {
-	good := options{dsn: "postgres://x", machines: 1, concurrency: 1, batch: 1, failureRate: 0.1, timeout: time.Second,
+	good := options{dsn: "postgres://x", machines: 1, concurrency: 1, failureRate: 0.1, timeout: time.Second,
 		backoff: bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 2}}
 	if err := good.validate(); err != nil {
 		t.Fatalf("good options: %v", err)
@@ -74,7 +74,6 @@ func TestOptionsValidate(t *testing.T) {
 		"dsn":          func(o *options) { o.dsn = "" },
 		"machines":     func(o *options) { o.machines = -1 },
 		"concurrency":  func(o *options) { o.concurrency = 0 },
-		"batch":        func(o *options) { o.batch = 0 },
 		"failure-rate": func(o *options) { o.failureRate = 1 },
 		"timeout":      func(o *options) { o.timeout = 0 },
 		"backoff":      func(o *options) { o.backoff.Initial = 0 },

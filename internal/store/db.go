@@ -69,8 +69,14 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workBackoffIntervalStmt, err = db.PrepareContext(ctx, workBackoffInterval); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffInterval: %w", err)
 	}
+	if q.workBackoffIntervalsStmt, err = db.PrepareContext(ctx, workBackoffIntervals); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffIntervals: %w", err)
+	}
 	if q.workBackoffUpsertStmt, err = db.PrepareContext(ctx, workBackoffUpsert); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffUpsert: %w", err)
+	}
+	if q.workBackoffUpsertManyStmt, err = db.PrepareContext(ctx, workBackoffUpsertMany); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkBackoffUpsertMany: %w", err)
 	}
 	if q.workClaimManyStmt, err = db.PrepareContext(ctx, workClaimMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkClaimMany: %w", err)
@@ -80,6 +86,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.workEndStmt, err = db.PrepareContext(ctx, workEnd); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEnd: %w", err)
+	}
+	if q.workEndManyStmt, err = db.PrepareContext(ctx, workEndMany); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkEndMany: %w", err)
 	}
 	if q.workEndSessionStmt, err = db.PrepareContext(ctx, workEndSession); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEndSession: %w", err)
@@ -182,9 +191,19 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workBackoffIntervalStmt: %w", cerr)
 		}
 	}
+	if q.workBackoffIntervalsStmt != nil {
+		if cerr := q.workBackoffIntervalsStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffIntervalsStmt: %w", cerr)
+		}
+	}
 	if q.workBackoffUpsertStmt != nil {
 		if cerr := q.workBackoffUpsertStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workBackoffUpsertStmt: %w", cerr)
+		}
+	}
+	if q.workBackoffUpsertManyStmt != nil {
+		if cerr := q.workBackoffUpsertManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workBackoffUpsertManyStmt: %w", cerr)
 		}
 	}
 	if q.workClaimManyStmt != nil {
@@ -200,6 +219,11 @@ func (q *Queries) Close() error {
 	if q.workEndStmt != nil {
 		if cerr := q.workEndStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workEndStmt: %w", cerr)
+		}
+	}
+	if q.workEndManyStmt != nil {
+		if cerr := q.workEndManyStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workEndManyStmt: %w", cerr)
 		}
 	}
 	if q.workEndSessionStmt != nil {
@@ -291,10 +315,13 @@ type Queries struct {
 	workBackoffDeleteStmt        *sql.Stmt
 	workBackoffDeleteManyStmt    *sql.Stmt
 	workBackoffIntervalStmt      *sql.Stmt
+	workBackoffIntervalsStmt     *sql.Stmt
 	workBackoffUpsertStmt        *sql.Stmt
+	workBackoffUpsertManyStmt    *sql.Stmt
 	workClaimManyStmt            *sql.Stmt
 	workClaimStateStmt           *sql.Stmt
 	workEndStmt                  *sql.Stmt
+	workEndManyStmt              *sql.Stmt
 	workEndSessionStmt           *sql.Stmt
 	workFinishStmt               *sql.Stmt
 	workFinishManyStmt           *sql.Stmt
@@ -323,10 +350,13 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workBackoffDeleteStmt:        q.workBackoffDeleteStmt,
 		workBackoffDeleteManyStmt:    q.workBackoffDeleteManyStmt,
 		workBackoffIntervalStmt:      q.workBackoffIntervalStmt,
+		workBackoffIntervalsStmt:     q.workBackoffIntervalsStmt,
 		workBackoffUpsertStmt:        q.workBackoffUpsertStmt,
+		workBackoffUpsertManyStmt:    q.workBackoffUpsertManyStmt,
 		workClaimManyStmt:            q.workClaimManyStmt,
 		workClaimStateStmt:           q.workClaimStateStmt,
 		workEndStmt:                  q.workEndStmt,
+		workEndManyStmt:              q.workEndManyStmt,
 		workEndSessionStmt:           q.workEndSessionStmt,
 		workFinishStmt:               q.workFinishStmt,
 		workFinishManyStmt:           q.workFinishManyStmt,

@@ -222,6 +222,69 @@ func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error)
 	return result.RowsAffected()
 }
 
+const workEndMany = `-- name: WorkEndMany :many
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.process = $3::TEXT AND work.session_id = $4::UUID
+      AND work.machine_id = ANY ($5::UUID[])
+      AND work.claim_id = ANY ($6::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), causes AS (
+    SELECT ($5::UUID[])[i] AS machine_id, ($7::TEXT[])[i] AS cause
+    FROM generate_series(1, array_length($5::UUID[], 1)) AS i
+)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
+       NULLIF(causes.cause, ''), $2::TEXT, ended.claim_id
+FROM ended JOIN causes ON causes.machine_id = ended.machine_id
+RETURNING work_history.machine_id
+`
+
+type WorkEndManyParams struct {
+	Event         WorkHistoryEvent
+	ComponentName string
+	Process       string
+	SessionID     uuid.UUID
+	MachineIds    []uuid.UUID
+	ClaimIds      []uuid.UUID
+	Causes        []string
+}
+
+// WorkEndMany ends, with the given event (Canceled or Failed) and causes
+// (aligned with machine_ids; ” for none), the claims claim_ids of process
+// on machine_ids that the session still holds, and returns their machine
+// ids: those missing were no longer held (the fence of grouped ends).
+func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uuid.UUID, error) {
+	rows, err := q.query(ctx, q.workEndManyStmt, workEndMany,
+		arg.Event,
+		arg.ComponentName,
+		arg.Process,
+		arg.SessionID,
+		pq.Array(arg.MachineIds),
+		pq.Array(arg.ClaimIds),
+		pq.Array(arg.Causes),
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var machine_id uuid.UUID
+		if err := rows.Scan(&machine_id); err != nil {
+			return nil, err
+		}
+		items = append(items, machine_id)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workEndSession = `-- name: WorkEndSession :many
 WITH ended AS (
     DELETE FROM work WHERE work.session_id = $3

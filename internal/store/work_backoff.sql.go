@@ -66,6 +66,47 @@ func (q *Queries) WorkBackoffInterval(ctx context.Context, arg WorkBackoffInterv
 	return interval_seconds, err
 }
 
+const workBackoffIntervals = `-- name: WorkBackoffIntervals :many
+SELECT machine_id, interval_seconds FROM work_backoff
+WHERE process = $1::TEXT AND machine_id = ANY ($2::UUID[])
+`
+
+type WorkBackoffIntervalsParams struct {
+	Process    string
+	MachineIds []uuid.UUID
+}
+
+type WorkBackoffIntervalsRow struct {
+	MachineID       uuid.UUID
+	IntervalSeconds float64
+}
+
+// WorkBackoffIntervals returns the interval last used for each of
+// machine_ids that has one for process, whether or not its backoff has
+// expired.
+func (q *Queries) WorkBackoffIntervals(ctx context.Context, arg WorkBackoffIntervalsParams) ([]WorkBackoffIntervalsRow, error) {
+	rows, err := q.query(ctx, q.workBackoffIntervalsStmt, workBackoffIntervals, arg.Process, pq.Array(arg.MachineIds))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkBackoffIntervalsRow{}
+	for rows.Next() {
+		var i WorkBackoffIntervalsRow
+		if err := rows.Scan(&i.MachineID, &i.IntervalSeconds); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workBackoffUpsert = `-- name: WorkBackoffUpsert :exec
 INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
 VALUES (
@@ -97,6 +138,37 @@ func (q *Queries) WorkBackoffUpsert(ctx context.Context, arg WorkBackoffUpsertPa
 		arg.WaitSeconds,
 		arg.Cause,
 		arg.IntervalSeconds,
+	)
+	return err
+}
+
+const workBackoffUpsertMany = `-- name: WorkBackoffUpsertMany :exec
+INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
+SELECT ($1::UUID[])[i], $2::TEXT,
+       now() + ($3::FLOAT8[])[i] * INTERVAL '1 second',
+       ($4::TEXT[])[i], ($5::FLOAT8[])[i]
+FROM generate_series(1, array_length($1::UUID[], 1)) AS i
+ON CONFLICT (machine_id, process) DO UPDATE
+SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.interval_seconds
+`
+
+type WorkBackoffUpsertManyParams struct {
+	MachineIds      []uuid.UUID
+	Process         string
+	WaitSeconds     []float64
+	Causes          []string
+	IntervalSeconds []float64
+}
+
+// WorkBackoffUpsertMany is WorkBackoffUpsert for many machines of one
+// process at once, with arrays aligned with machine_ids.
+func (q *Queries) WorkBackoffUpsertMany(ctx context.Context, arg WorkBackoffUpsertManyParams) error {
+	_, err := q.exec(ctx, q.workBackoffUpsertManyStmt, workBackoffUpsertMany,
+		pq.Array(arg.MachineIds),
+		arg.Process,
+		pq.Array(arg.WaitSeconds),
+		pq.Array(arg.Causes),
+		pq.Array(arg.IntervalSeconds),
 	)
 	return err
 }

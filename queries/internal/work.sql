@@ -165,3 +165,24 @@ INSERT INTO work_history (machine_id, process, session_id, event, component_name
 SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT,
        ended.claim_id
 FROM ended;
+
+-- name: WorkEndMany :many
+-- WorkEndMany ends, with the given event (Canceled or Failed) and causes
+-- (aligned with machine_ids; '' for none), the claims claim_ids of process
+-- on machine_ids that the session still holds, and returns their machine
+-- ids: those missing were no longer held (the fence of grouped ends).
+WITH ended AS (
+    DELETE FROM work
+    WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
+      AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+      AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
+    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), causes AS (
+    SELECT (sqlc.arg(machine_ids)::UUID[])[i] AS machine_id, (sqlc.arg(causes)::TEXT[])[i] AS cause
+    FROM generate_series(1, array_length(sqlc.arg(machine_ids)::UUID[], 1)) AS i
+)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
+       NULLIF(causes.cause, ''), sqlc.arg(component_name)::TEXT, ended.claim_id
+FROM ended JOIN causes ON causes.machine_id = ended.machine_id
+RETURNING work_history.machine_id;

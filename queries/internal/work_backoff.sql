@@ -28,3 +28,21 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 -- WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
 DELETE FROM work_backoff
 WHERE process = sqlc.arg(process)::TEXT AND machine_id = ANY (sqlc.arg(machine_ids)::UUID[]);
+
+-- name: WorkBackoffIntervals :many
+-- WorkBackoffIntervals returns the interval last used for each of
+-- machine_ids that has one for process, whether or not its backoff has
+-- expired.
+SELECT machine_id, interval_seconds FROM work_backoff
+WHERE process = sqlc.arg(process)::TEXT AND machine_id = ANY (sqlc.arg(machine_ids)::UUID[]);
+
+-- name: WorkBackoffUpsertMany :exec
+-- WorkBackoffUpsertMany is WorkBackoffUpsert for many machines of one
+-- process at once, with arrays aligned with machine_ids.
+INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
+SELECT (sqlc.arg(machine_ids)::UUID[])[i], sqlc.arg(process)::TEXT,
+       now() + (sqlc.arg(wait_seconds)::FLOAT8[])[i] * INTERVAL '1 second',
+       (sqlc.arg(causes)::TEXT[])[i], (sqlc.arg(interval_seconds)::FLOAT8[])[i]
+FROM generate_series(1, array_length(sqlc.arg(machine_ids)::UUID[], 1)) AS i
+ON CONFLICT (machine_id, process) DO UPDATE
+SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.interval_seconds;

@@ -1,0 +1,210 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/google/uuid"
+)
+
+// claimRequest is one Work or WorkBatch call in a claim group.
+type claimRequest struct {
+	limit    int
+	retrieve func(tx *Tx) ([]uuid.UUID, error)
+
+	// Results, set by the group.
+	claims    []claim
+	abandoned []string // processes of claims ended as Abandoned by a takeover
+	err       error
+}
+
+// claimQueues holds a session's claim queue per process.
+type claimQueues struct {
+	mu     sync.Mutex
+	byProc map[string]*queue[*claimRequest]
+}
+
+// of returns the queue of process.
+func (q *claimQueues) of(process string, limit int) *queue[*claimRequest] {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.byProc == nil {
+		q.byProc = map[string]*queue[*claimRequest]{}
+	}
+	if q.byProc[process] == nil {
+		q.byProc[process] = &queue[*claimRequest]{limit: limit}
+	}
+	return q.byProc[process]
+}
+
+// claimGrouped claims for r in a group of the session's concurrent claims
+// of process, and returns r's own outcome.
+func (s *Session) claimGrouped(ctx context.Context, process string, r *claimRequest) error {
+	err := s.claims.of(process, s.conn.cfg.MaxGroupSize).do(ctx, r, func(g *group[*claimRequest]) {
+		s.runClaimGroup(process, g)
+	})
+	if err != nil {
+		return err
+	}
+	return r.err
+}
+
+// runClaimGroup runs one claim transaction for g and gives each member its
+// claims or error. If the transaction fails with an error that one member
+// may have caused (its retrieve, a machine that does not exist), the
+// members are claimed for one by one instead, so that only that member
+// fails.
+func (s *Session) runClaimGroup(process string, g *group[*claimRequest]) {
+	err := s.claimFor(g.ctx, process, func() []*claimRequest { return requests(g.grow()) })
+	reqs := requests(g.members)
+	if len(reqs) > 1 && isolate(err) {
+		for _, r := range reqs {
+			r.err = s.claimFor(g.ctx, process, func() []*claimRequest { return []*claimRequest{r} })
+		}
+		return
+	}
+	if err != nil {
+		for _, r := range reqs {
+			r.claims, r.abandoned, r.err = nil, nil, err
+		}
+	}
+}
+
+// requests returns the requests of members.
+func requests[R any](members []*member[R]) []R {
+	reqs := make([]R, len(members))
+	for i, m := range members {
+		reqs[i] = m.req
+	}
+	return reqs
+}
+
+// claimFor runs one claim transaction, for the requests that members
+// returns at the start of each attempt, and sets their results; it returns
+// the transaction's error, after which the results are unset.
+func (s *Session) claimFor(ctx context.Context, process string, members func() []*claimRequest) error {
+	var reqs []*claimRequest
+	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
+		reqs = members()
+		return s.claimInTx(ctx, tx, process, reqs)
+	})
+	if errors.Is(err, ErrAmbiguousCommit) {
+		return s.resolveGroup(ctx, process, reqs, err)
+	}
+	return err
+}
+
+// resolveGroup finds out, after an ambiguous COMMIT, which of the group's
+// claims committed, and gives each member its own (or the ambiguous error
+// if none of its claims did).
+func (s *Session) resolveGroup(ctx context.Context, process string, reqs []*claimRequest, ambiguous error) error {
+	var all []claim
+	for _, r := range reqs {
+		all = append(all, r.claims...)
+	}
+	if len(all) == 0 {
+		return ambiguous
+	}
+	held, err := s.resolveAmbiguousClaims(ctx, process, all, ambiguous)
+	if err != nil {
+		return err
+	}
+	kept := map[uuid.UUID]bool{}
+	for _, c := range held {
+		kept[c.id] = true
+	}
+	for _, r := range reqs {
+		var mine []claim
+		for _, c := range r.claims {
+			if kept[c.id] {
+				mine = append(mine, c)
+			}
+		}
+		r.claims, r.err = mine, nil
+		if len(mine) == 0 {
+			r.err = ambiguous
+		}
+	}
+	return nil
+}
+
+// claimInTx is the body of a group's claim transaction: it runs every
+// member's retrieve, claims for each, in rounds of one multi-row statement,
+// the first of its candidates that no other member took and that are free,
+// up to its limit, and takes a claim of an expired session over for each
+// member left with none. A member's ErrNothingToDo or ErrWorkConflict is
+// its own result; any other error fails the transaction.
+func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []*claimRequest) error {
+	candidates := make([][]uuid.UUID, len(reqs))
+	for i, r := range reqs {
+		r.claims, r.abandoned, r.err = nil, nil, nil
+		ids, err := r.retrieve(tx)
+		if err != nil {
+			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
+		}
+		candidates[i] = distinct(ids)
+	}
+	used := map[uuid.UUID]bool{}
+	next := make([]int, len(reqs)) // the next candidate of each member to try
+	for {
+		var picks []uuid.UUID
+		owner := map[uuid.UUID]int{}
+		for i, r := range reqs {
+			for need := r.limit - len(r.claims); need > 0 && next[i] < len(candidates[i]); next[i]++ {
+				m := candidates[i][next[i]]
+				if used[m] {
+					continue
+				}
+				used[m], owner[m] = true, i
+				picks = append(picks, m)
+				need--
+			}
+		}
+		if len(picks) == 0 {
+			break
+		}
+		got, err := s.claimMany(ctx, tx, process, picks)
+		if err != nil {
+			return err
+		}
+		for _, c := range got {
+			r := reqs[owner[c.machine]]
+			r.claims = append(r.claims, c)
+		}
+	}
+	for i, r := range reqs {
+		if len(r.claims) > 0 {
+			continue
+		}
+		rest := make([]uuid.UUID, 0, len(candidates[i]))
+		for _, m := range candidates[i] {
+			if !taken(reqs, m) {
+				rest = append(rest, m)
+			}
+		}
+		c, abandoned, err := s.takeOverFirst(ctx, tx, process, rest)
+		switch {
+		case errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrWorkConflict):
+			r.err = err
+		case err != nil:
+			return err
+		default:
+			r.claims, r.abandoned = []claim{c}, abandoned
+		}
+	}
+	return nil
+}
+
+// taken reports whether a member of reqs claimed m in this transaction.
+func taken(reqs []*claimRequest, m uuid.UUID) bool {
+	for _, r := range reqs {
+		for _, c := range r.claims {
+			if c.machine == m {
+				return true
+			}
+		}
+	}
+	return false
+}

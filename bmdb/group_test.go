@@ -1,0 +1,239 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// latch is a callback's wait, for holding a group's transaction open while
+// other calls queue behind it.
+type latch struct {
+	ch      chan struct{}
+	once    sync.Once
+	reached chan struct{} // closed when the first waiter arrives
+	arrived sync.Once
+}
+
+func newLatch() *latch { return &latch{ch: make(chan struct{}), reached: make(chan struct{})} }
+
+// open lets every waiter through, now and later.
+func (l *latch) open() { l.once.Do(func() { close(l.ch) }) }
+
+// wait waits for the latch to open.
+func (l *latch) wait() {
+	l.arrived.Do(func() { close(l.reached) })
+	<-l.ch
+}
+
+// held wraps a retrieve so that it waits for the latch.
+func (l *latch) held(retrieve func(*Tx) ([]uuid.UUID, error)) func(*Tx) ([]uuid.UUID, error) {
+	return func(tx *Tx) ([]uuid.UUID, error) {
+		l.wait()
+		return retrieve(tx)
+	}
+}
+
+// inside waits until a transaction waits at the latch: it has taken in its
+// group's members.
+func (l *latch) inside(t *testing.T) {
+	t.Helper()
+	select {
+	case <-l.reached:
+	case <-time.After(5 * time.Second):
+		t.Fatal("timed out waiting for the first transaction to reach the latch")
+	}
+}
+
+// queued returns how many calls wait in q.
+func queued[R any](q *queue[R]) int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiting)
+}
+
+// startedPerTransaction returns the sizes of the session's claim
+// transactions, from the Started rows each wrote (they share its now()).
+func (e *env) startedPerTransaction(s *Session) []int {
+	e.t.Helper()
+	rows, err := e.db.Query(`SELECT count(*) FROM work_history WHERE session_id = $1 AND event = 'Started'
+		GROUP BY at ORDER BY min(id)`, s.ID())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	var sizes []int
+	for rows.Next() {
+		var n int
+		if err := rows.Scan(&n); err != nil {
+			e.t.Fatal(err)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes
+}
+
+// Concurrent Work calls of a session are served by one claim transaction
+// for whatever is queued when the previous one ends, and each caller gets a
+// machine of its own.
+func TestConcurrentWorksShareATransaction(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	s := e.session(c)
+	const n = 12
+	machines := make([]uuid.UUID, n)
+	for i := range machines {
+		machines[i] = e.machine()
+	}
+	hold := newLatch()
+	defer hold.open()
+	works := make([]*Work, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		works[0], errs[0] = s.Work(context.Background(), "install", hold.held(retrieveAll(machines...)))
+	})
+	hold.inside(t)
+	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	for i := 1; i < n; i++ {
+		wg.Go(func() { works[i], errs[i] = s.Work(context.Background(), "install", retrieveAll(machines...)) })
+	}
+	eventually(t, 5*time.Second, "the other claims queued", func() bool { return queued(q) == n-1 })
+	hold.open()
+	wg.Wait()
+	got := map[uuid.UUID]bool{}
+	for i, w := range works {
+		if errs[i] != nil {
+			t.Fatalf("Work %d: %v", i, errs[i])
+		}
+		if got[w.Machine()] {
+			t.Fatalf("machine %s handed out twice", w.Machine())
+		}
+		got[w.Machine()] = true
+	}
+	if sizes := e.startedPerTransaction(s); !slices.Equal(sizes, []int{1, n - 1}) {
+		t.Errorf("claims per transaction = %v, want [1 %d]", sizes, n-1)
+	}
+}
+
+// A group of concurrent ends commits together, and each caller gets its
+// own outcome: a lost claim fails only its Finish (ErrWorkLost), a commit
+// callback's error only its own (the Work stays open), and the others
+// commit, with their callbacks.
+func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	s := e.session(c)
+	const n = 8
+	machines := make([]uuid.UUID, n+1)
+	for i := range machines {
+		machines[i] = e.machine()
+	}
+	works, err := s.WorkBatch(context.Background(), "install", n+1, retrieveAll(machines...))
+	if err != nil || len(works) != n+1 {
+		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
+	}
+	first, lost, bad := works[0], works[1], works[2]
+	e.exec("DELETE FROM work WHERE machine_id = $1", lost.Machine())
+	errBad := errors.New("tag table refused it")
+
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	errs := make([]error, len(works))
+	wg.Go(func() {
+		errs[0] = first.Finish(context.Background(), func(tx *Tx) error {
+			hold.wait()
+			return tagCommit(first.Machine())(tx)
+		})
+	})
+	hold.inside(t)
+	for i, w := range works[1:] {
+		wg.Go(func() {
+			switch w {
+			case bad:
+				errs[i+1] = w.Finish(context.Background(), func(*Tx) error { return errBad })
+			case works[3]:
+				errs[i+1] = w.Fail(context.Background(), &testBackoff, "flaky BMC")
+			default:
+				errs[i+1] = w.Finish(context.Background(), tagCommit(w.Machine()))
+			}
+		})
+	}
+	eventually(t, 5*time.Second, "the other ends queued", func() bool { return queued(&s.ends) == n })
+	hold.open()
+	wg.Wait()
+
+	for i, w := range works {
+		switch {
+		case w == lost:
+			if !errors.Is(errs[i], ErrWorkLost) {
+				t.Errorf("Finish of the lost claim = %v, want ErrWorkLost", errs[i])
+			}
+		case w == bad:
+			if !errors.Is(errs[i], errBad) {
+				t.Errorf("Finish with a failing commit = %v, want its error", errs[i])
+			}
+		case errs[i] != nil:
+			t.Errorf("end of %s: %v", w.Machine(), errs[i])
+		case (i == 0 || i > 3) && !e.tagged(w.Machine()):
+			t.Errorf("machine %s finished without its commit", w.Machine())
+		}
+	}
+	if e.tagged(bad.Machine()) || e.tagged(lost.Machine()) {
+		t.Error("a failed Finish committed its callback")
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", bad.Machine()); n != 1 {
+		t.Fatalf("the Work whose commit failed is not open (%d claims)", n)
+	}
+	if err := bad.Finish(context.Background(), tagCommit(bad.Machine())); err != nil {
+		t.Errorf("retried Finish: %v", err)
+	}
+	if n := e.count("SELECT count(*) FROM work_backoff WHERE machine_id = $1 AND cause = 'flaky BMC'", works[3].Machine()); n != 1 {
+		t.Errorf("the failed Work has %d backoffs, want 1", n)
+	}
+	// Finished: all but the lost, failing and failed ones, then the retried
+	// one.
+	if got, want := e.count("SELECT count(*) FROM work_history WHERE session_id = $1 AND event = 'Finished'", s.ID()), len(works)-3+1; got != want {
+		t.Errorf("%d Finished rows, want %d", got, want)
+	}
+}
+
+// A call whose context ends while it is queued leaves the queue with the
+// context's error and claims nothing; one already done does not queue.
+func TestQueuedCallLeavesOnCancel(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	s := e.session(c)
+	a, b := e.machine(), e.machine()
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	var first *Work
+	var firstErr error
+	wg.Go(func() { first, firstErr = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
+	hold.inside(t)
+	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	ctx, cancel := context.WithCancel(context.Background())
+	var queuedErr error
+	wg.Go(func() { _, queuedErr = s.Work(ctx, "install", retrieveAll(b)) })
+	eventually(t, 5*time.Second, "the second claim queued", func() bool { return queued(q) == 1 })
+	cancel()
+	eventually(t, 5*time.Second, "the second claim gone", func() bool { return queued(q) == 0 })
+	hold.open()
+	wg.Wait()
+	if firstErr != nil || first.Machine() != a {
+		t.Fatalf("first Work = %v, %v", first, firstErr)
+	}
+	if !errors.Is(queuedErr, context.Canceled) {
+		t.Errorf("canceled queued Work = %v, want context.Canceled", queuedErr)
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", b); n != 0 {
+		t.Errorf("the canceled Work claimed its machine")
+	}
+}
