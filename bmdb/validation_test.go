@@ -28,6 +28,8 @@ func TestOpenRejectsBadConfig(t *testing.T) {
 		{"Config.GCPeriod", func(c *Config) { c.GCPeriod = -1 }},
 		{"Config.GCGracePeriod", func(c *Config) { c.GCGracePeriod = -1 }},
 		{"Config.MaxTxAttempts", func(c *Config) { c.MaxTxAttempts = -1 }},
+		{"Config.MaxGroupSize", func(c *Config) { c.MaxGroupSize = -1 }},
+		{"Config.MaxGroupSize", func(c *Config) { c.MaxGroupSize = MaxBatch + 1 }},
 		{"Config.MaxOpenConns", func(c *Config) { c.MaxOpenConns = -1 }},
 		{"Config.MaxIdleConns", func(c *Config) { c.MaxIdleConns = -1 }},
 		{"Config.DSN", func(c *Config) { c.DSN = "postgres://user:s3cret@host:notaport/db" }},

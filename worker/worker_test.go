@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
@@ -397,6 +398,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"Retrieve", func(c *Config) { c.Retrieve = nil }},
 		{"Work", func(c *Config) { c.Work = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
+		{"Concurrency", func(c *Config) { c.Concurrency = bmdb.MaxBatch + 1 }},
+		{"Commit.Commit", func(c *Config) { c.Commit = &bmdb.CommitGroup{} }},
 		{"Candidates", func(c *Config) { c.Candidates = -1 }},
 		{"PollMin", func(c *Config) { c.PollMin = -time.Second }},
 		{"PollMax", func(c *Config) { c.PollMin, c.PollMax = time.Second, time.Millisecond }},
@@ -537,5 +540,38 @@ func TestLoopGroupsClaimsAndEnds(t *testing.T) {
 	}
 	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed' AND failed_cause LIKE 'finish failed:%tag table refused it%'"); n != 1 {
 		t.Errorf("%d failures of the bad commit, want 1 (only its own Finish failed)", n)
+	}
+}
+
+// With Config.Commit, the machines whose Work returned no commit are
+// committed by one call per end transaction, with all of its Works.
+func TestLoopCommitGroup(t *testing.T) {
+	e := newEnv(t, 30)
+	var calls, works atomic.Int64
+	_, stop := e.start(Config{
+		Concurrency: 8,
+		PollMin:     10 * time.Millisecond,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			time.Sleep(5 * time.Millisecond)
+			return nil, nil
+		},
+		Commit: &bmdb.CommitGroup{Commit: func(tx *bmdb.Tx, ws []*bmdb.Work) error {
+			calls.Add(1)
+			works.Add(int64(len(ws)))
+			ids := make([]uuid.UUID, len(ws))
+			for i, w := range ws {
+				ids[i] = w.Machine()
+			}
+			_, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO done SELECT unnest($1::UUID[])", pq.Array(ids))
+			return err
+		}},
+	})
+	eventually(t, 30*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == 30 })
+	stop()
+	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Finished'"); n != 30 {
+		t.Errorf("%d Finished rows, want 30", n)
+	}
+	if c, w := calls.Load(), works.Load(); c >= w || w < 30 {
+		t.Errorf("Commit called %d times for %d Works: want fewer calls than Works", c, w)
 	}
 }
