@@ -3,10 +3,8 @@ package bmdb
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -65,26 +63,6 @@ func (b Backoff) next(prev time.Duration) time.Duration {
 // wait returns the jittered wait for interval d, given u uniform in [0, 1).
 func (b Backoff) wait(d time.Duration, u float64) time.Duration {
 	return d - time.Duration(float64(d)*b.Jitter*u)
-}
-
-// apply puts (machine, process) in backoff inside tx.
-func (b Backoff) apply(ctx context.Context, tx *Tx, machine uuid.UUID, process, cause string) error {
-	prevSeconds, err := tx.q.WorkBackoffInterval(ctx, store.WorkBackoffIntervalParams{MachineID: machine, Process: process})
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("bmdb: reading backoff of %q on %s: %w", process, machine, err)
-	}
-	interval := b.next(time.Duration(prevSeconds * float64(time.Second)))
-	err = tx.q.WorkBackoffUpsert(ctx, store.WorkBackoffUpsertParams{
-		MachineID:       machine,
-		Process:         process,
-		WaitSeconds:     b.wait(interval, rand.Float64()).Seconds(),
-		Cause:           cause,
-		IntervalSeconds: interval.Seconds(),
-	})
-	if err != nil {
-		return fmt.Errorf("bmdb: setting backoff of %q on %s: %w", process, machine, err)
-	}
-	return nil
 }
 
 // ClearBackoff is an operator's override: it deletes the backoff of

@@ -66,14 +66,8 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workBackoffDeleteManyStmt, err = db.PrepareContext(ctx, workBackoffDeleteMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffDeleteMany: %w", err)
 	}
-	if q.workBackoffIntervalStmt, err = db.PrepareContext(ctx, workBackoffInterval); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkBackoffInterval: %w", err)
-	}
 	if q.workBackoffIntervalsStmt, err = db.PrepareContext(ctx, workBackoffIntervals); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffIntervals: %w", err)
-	}
-	if q.workBackoffUpsertStmt, err = db.PrepareContext(ctx, workBackoffUpsert); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkBackoffUpsert: %w", err)
 	}
 	if q.workBackoffUpsertManyStmt, err = db.PrepareContext(ctx, workBackoffUpsertMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffUpsertMany: %w", err)
@@ -83,9 +77,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.workClaimStateStmt, err = db.PrepareContext(ctx, workClaimState); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkClaimState: %w", err)
-	}
-	if q.workEndStmt, err = db.PrepareContext(ctx, workEnd); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkEnd: %w", err)
 	}
 	if q.workEndManyStmt, err = db.PrepareContext(ctx, workEndMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEndMany: %w", err)
@@ -186,19 +177,9 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workBackoffDeleteManyStmt: %w", cerr)
 		}
 	}
-	if q.workBackoffIntervalStmt != nil {
-		if cerr := q.workBackoffIntervalStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workBackoffIntervalStmt: %w", cerr)
-		}
-	}
 	if q.workBackoffIntervalsStmt != nil {
 		if cerr := q.workBackoffIntervalsStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workBackoffIntervalsStmt: %w", cerr)
-		}
-	}
-	if q.workBackoffUpsertStmt != nil {
-		if cerr := q.workBackoffUpsertStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workBackoffUpsertStmt: %w", cerr)
 		}
 	}
 	if q.workBackoffUpsertManyStmt != nil {
@@ -214,11 +195,6 @@ func (q *Queries) Close() error {
 	if q.workClaimStateStmt != nil {
 		if cerr := q.workClaimStateStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workClaimStateStmt: %w", cerr)
-		}
-	}
-	if q.workEndStmt != nil {
-		if cerr := q.workEndStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workEndStmt: %w", cerr)
 		}
 	}
 	if q.workEndManyStmt != nil {
@@ -314,13 +290,10 @@ type Queries struct {
 	workAbandonOfSessionsStmt    *sql.Stmt
 	workBackoffDeleteStmt        *sql.Stmt
 	workBackoffDeleteManyStmt    *sql.Stmt
-	workBackoffIntervalStmt      *sql.Stmt
 	workBackoffIntervalsStmt     *sql.Stmt
-	workBackoffUpsertStmt        *sql.Stmt
 	workBackoffUpsertManyStmt    *sql.Stmt
 	workClaimManyStmt            *sql.Stmt
 	workClaimStateStmt           *sql.Stmt
-	workEndStmt                  *sql.Stmt
 	workEndManyStmt              *sql.Stmt
 	workEndSessionStmt           *sql.Stmt
 	workFinishStmt               *sql.Stmt
@@ -349,13 +322,10 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workAbandonOfSessionsStmt:    q.workAbandonOfSessionsStmt,
 		workBackoffDeleteStmt:        q.workBackoffDeleteStmt,
 		workBackoffDeleteManyStmt:    q.workBackoffDeleteManyStmt,
-		workBackoffIntervalStmt:      q.workBackoffIntervalStmt,
 		workBackoffIntervalsStmt:     q.workBackoffIntervalsStmt,
-		workBackoffUpsertStmt:        q.workBackoffUpsertStmt,
 		workBackoffUpsertManyStmt:    q.workBackoffUpsertManyStmt,
 		workClaimManyStmt:            q.workClaimManyStmt,
 		workClaimStateStmt:           q.workClaimStateStmt,
-		workEndStmt:                  q.workEndStmt,
 		workEndManyStmt:              q.workEndManyStmt,
 		workEndSessionStmt:           q.workEndSessionStmt,
 		workFinishStmt:               q.workFinishStmt,

@@ -177,51 +177,6 @@ func (q *Queries) WorkClaimState(ctx context.Context, arg WorkClaimStateParams) 
 	return i, err
 }
 
-const workEnd = `-- name: WorkEnd :execrows
-WITH ended AS (
-    DELETE FROM work
-    WHERE work.machine_id = $4 AND work.process = $5
-      AND work.session_id = $6 AND work.claim_id = $7
-    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
-)
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id,
-       $1::work_history_event, $2::TEXT,
-       $3::TEXT, ended.claim_id
-FROM ended
-`
-
-type WorkEndParams struct {
-	Event         WorkHistoryEvent
-	FailedCause   sql.NullString
-	ComponentName string
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	ClaimID       uuid.UUID
-}
-
-// WorkEnd removes the claim of (machine, process) only if it is still the
-// given claim of the given session, recording the given event and cause. It
-// affects no row when the claim is gone, was taken over, or was followed by
-// a newer claim: that is the fence that keeps a stale Finish, Cancel or Fail
-// from taking effect.
-func (q *Queries) WorkEnd(ctx context.Context, arg WorkEndParams) (int64, error) {
-	result, err := q.exec(ctx, q.workEndStmt, workEnd,
-		arg.Event,
-		arg.FailedCause,
-		arg.ComponentName,
-		arg.MachineID,
-		arg.Process,
-		arg.SessionID,
-		arg.ClaimID,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
 const workEndMany = `-- name: WorkEndMany :many
 WITH ended AS (
     DELETE FROM work

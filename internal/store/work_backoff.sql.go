@@ -47,25 +47,6 @@ func (q *Queries) WorkBackoffDeleteMany(ctx context.Context, arg WorkBackoffDele
 	return err
 }
 
-const workBackoffInterval = `-- name: WorkBackoffInterval :one
-SELECT interval_seconds FROM work_backoff
-WHERE machine_id = $1 AND process = $2
-`
-
-type WorkBackoffIntervalParams struct {
-	MachineID uuid.UUID
-	Process   string
-}
-
-// WorkBackoffInterval returns the interval last used for (machine, process),
-// whether or not that backoff has expired; no row if there is none.
-func (q *Queries) WorkBackoffInterval(ctx context.Context, arg WorkBackoffIntervalParams) (float64, error) {
-	row := q.queryRow(ctx, q.workBackoffIntervalStmt, workBackoffInterval, arg.MachineID, arg.Process)
-	var interval_seconds float64
-	err := row.Scan(&interval_seconds)
-	return interval_seconds, err
-}
-
 const workBackoffIntervals = `-- name: WorkBackoffIntervals :many
 SELECT machine_id, interval_seconds FROM work_backoff
 WHERE process = $1::TEXT AND machine_id = ANY ($2::UUID[])
@@ -105,41 +86,6 @@ func (q *Queries) WorkBackoffIntervals(ctx context.Context, arg WorkBackoffInter
 		return nil, err
 	}
 	return items, nil
-}
-
-const workBackoffUpsert = `-- name: WorkBackoffUpsert :exec
-INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
-VALUES (
-    $1,
-    $2,
-    now() + $3::FLOAT8 * INTERVAL '1 second',
-    $4,
-    $5
-)
-ON CONFLICT (machine_id, process) DO UPDATE
-SET until = excluded.until, cause = excluded.cause, interval_seconds = excluded.interval_seconds
-`
-
-type WorkBackoffUpsertParams struct {
-	MachineID       uuid.UUID
-	Process         string
-	WaitSeconds     float64
-	Cause           string
-	IntervalSeconds float64
-}
-
-// WorkBackoffUpsert sets (machine, process) in backoff until wait_seconds from
-// now on the database clock, remembering interval_seconds (the un-jittered
-// interval) so that the next failure grows from it.
-func (q *Queries) WorkBackoffUpsert(ctx context.Context, arg WorkBackoffUpsertParams) error {
-	_, err := q.exec(ctx, q.workBackoffUpsertStmt, workBackoffUpsert,
-		arg.MachineID,
-		arg.Process,
-		arg.WaitSeconds,
-		arg.Cause,
-		arg.IntervalSeconds,
-	)
-	return err
 }
 
 const workBackoffUpsertMany = `-- name: WorkBackoffUpsertMany :exec

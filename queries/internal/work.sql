@@ -43,24 +43,6 @@ SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.start
 FROM claim JOIN fence ON fence.machine_id = claim.machine_id
 RETURNING work_history.claim_id, work_history.fencing_token;
 
--- name: WorkEnd :execrows
--- WorkEnd removes the claim of (machine, process) only if it is still the
--- given claim of the given session, recording the given event and cause. It
--- affects no row when the claim is gone, was taken over, or was followed by
--- a newer claim: that is the fence that keeps a stale Finish, Cancel or Fail
--- from taking effect.
-WITH ended AS (
-    DELETE FROM work
-    WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
-      AND work.session_id = sqlc.arg(session_id) AND work.claim_id = sqlc.arg(claim_id)
-    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
-)
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id,
-       sqlc.arg(event)::work_history_event, sqlc.narg(failed_cause)::TEXT,
-       sqlc.arg(component_name)::TEXT, ended.claim_id
-FROM ended;
-
 -- name: WorkEndSession :many
 -- WorkEndSession removes every claim of a session, recording the given event
 -- (Canceled when the session closes cleanly, Abandoned when it had expired),
