@@ -25,10 +25,12 @@ all: check
 
 # DEMO_FLAGS: the demo serves its fleet pages on a free local port (the URL
 # is printed first) and works slowly enough, ~20 s, to watch machines move.
-DEMO_FLAGS ?= --http-addr 127.0.0.1:0 --work-duration 600ms
+# KEEP=1 keeps the pages (and the database) up after the run, until Ctrl-C.
+DEMO_FLAGS ?= --http-addr 127.0.0.1:0 --work-duration 600ms $(if $(KEEP),--keep-serving)
 
 ## demo: run the example worker fleet against a throwaway local PostgreSQL
-## (or the database in BMDB_DSN).
+## (or the database in BMDB_DSN); make demo KEEP=1 keeps its fleet pages
+## serving after the run, until interrupted.
 demo:
 	scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 

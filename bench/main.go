@@ -37,7 +37,7 @@ func parseFlags() (config, error) {
 	var c config
 	var workers, scale, only, pk string
 	quick := flag.Bool("quick", false, "the quick run of make bench: -machines 2000 -scale 10000,100000 -scale-claims 300 -contention-items 300 (explicit flags win)")
-	flag.StringVar(&c.dsn, "dsn", os.Getenv("BMDB_DSN"), "PostgreSQL DSN of a user that may create databases (default $BMDB_DSN)")
+	flag.StringVar(&c.dsn, "dsn", "", "PostgreSQL DSN of a user that may create databases (default $BMDB_DSN)")
 	flag.IntVar(&c.machines, "machines", 10000, "M: machines (and River jobs) per throughput run")
 	flag.StringVar(&workers, "workers", "1,8,32", "N: worker counts of the throughput table")
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds of the throughput table, interleaving floor, bmdb and River; the median is reported")
@@ -84,6 +84,9 @@ func parseFlags() (config, error) {
 	c.only = map[string]bool{}
 	for _, s := range strings.Split(only, ",") {
 		c.only[strings.TrimSpace(s)] = true
+	}
+	if c.dsn == "" {
+		c.dsn = os.Getenv("BMDB_DSN") // not the flag's default: -help would print its password
 	}
 	if c.dsn == "" {
 		return c, fmt.Errorf("no database: set -dsn or BMDB_DSN (make bench starts a throwaway PostgreSQL)")

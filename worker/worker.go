@@ -256,9 +256,16 @@ func (l *Loop) runSession(ctx context.Context, sess *bmdb.Session) {
 	stopClaims := context.AfterFunc(sess.Context(), cancelClaims)
 	defer stopClaims()
 
+	lostBefore := l.lost.Load()
 	var handlers sync.WaitGroup
 	l.claimer(claimCtx, workCtx, sess, &handlers)
 	handlers.Wait()
+	if err := sess.Err(); err != nil && ctx.Err() == nil {
+		// One warning for the session's end, not one per claim it took
+		// along (those are logged at -v=1).
+		klog.Warningf("worker %s: session %s ended: %v; %d claims lost with it; starting a new session in %v",
+			l.cfg.Process, sess.ID(), err, l.lost.Load()-lostBefore, l.cfg.RestartDelay)
+	}
 }
 
 // errShutdown is the cause of the work context once ShutdownGrace is over.
@@ -337,7 +344,7 @@ func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.T
 	if sessCtx.Err() != nil {
 		// The claim went with the session: nothing can end it now.
 		l.lost.Add(1)
-		klog.Warningf("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), context.Cause(sessCtx))
+		klog.V(1).Infof("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), context.Cause(sessCtx))
 		return
 	}
 	switch {
@@ -387,7 +394,7 @@ func (l *Loop) end(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64,
 		counter.Add(1)
 	case lost(err):
 		l.lost.Add(1)
-		klog.Warningf("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), err)
+		klog.V(1).Infof("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), err)
 	default:
 		klog.Warningf("worker %s: ending claim of %s: %v; canceling it", l.cfg.Process, w.Machine(), err)
 		l.cancelUntilSettled(workCtx, w)

@@ -23,6 +23,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -51,12 +52,14 @@ type options struct {
 	backoff      bmdb.Backoff
 	metricsAddr  string
 	httpAddr     string
+	keepServing  bool
 }
 
 func main() {
-	klog.InitFlags(nil)
 	var o options
-	flag.StringVar(&o.dsn, "dsn", os.Getenv("BMDB_DSN"), "database DSN (default $BMDB_DSN)")
+	klogFlags := flag.NewFlagSet("klog", flag.ExitOnError)
+	klog.InitFlags(klogFlags)
+	flag.StringVar(&o.dsn, "dsn", "", "database DSN (default $BMDB_DSN)")
 	flag.IntVar(&o.machines, "machines", 200, "number of new machines to seed (0: use the machines already there)")
 	flag.IntVar(&o.concurrency, "concurrency", 8, "machines each stage works on at once (claimed together, finished together)")
 	flag.DurationVar(&o.workDuration, "work-duration", 40*time.Millisecond, "mean simulated duration of one stage's work on one machine")
@@ -67,7 +70,12 @@ func main() {
 	flag.DurationVar(&o.backoff.Maximum, "backoff-max", 2*time.Second, "longest backoff")
 	flag.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9100 (default: off)")
 	flag.StringVar(&o.httpAddr, "http-addr", "", "serve the fleet web pages (and /metrics) on this address, e.g. 127.0.0.1:8080; port 0 picks one (default: off)")
+	flag.BoolVar(&o.keepServing, "keep-serving", false, "after the pipeline completes, keep serving the fleet pages (--http-addr) until interrupted (Ctrl-C)")
+	addLoggingFlags(flag.CommandLine, klogFlags)
 	flag.Parse()
+	if o.dsn == "" {
+		o.dsn = os.Getenv("BMDB_DSN") // not the flag's default: --help would print its password
+	}
 	o.backoff.Exponent, o.backoff.Jitter = 2, 0.2
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -78,6 +86,23 @@ func main() {
 		os.Exit(1)
 	}
 	klog.Flush()
+}
+
+// addLoggingFlags makes klog's flags parse as the command's own, but lists
+// them after the command's in --help, under a heading of their own.
+func addLoggingFlags(cmd, logging *flag.FlagSet) {
+	own := flag.NewFlagSet(cmd.Name(), flag.ExitOnError)
+	cmd.VisitAll(func(f *flag.Flag) { own.Var(f.Value, f.Name, f.Usage) })
+	logging.VisitAll(func(f *flag.Flag) { cmd.Var(f.Value, f.Name, f.Usage) })
+	cmd.Usage = func() {
+		out := cmd.Output()
+		fmt.Fprintf(out, "Usage of %s:\n", filepath.Base(cmd.Name()))
+		own.SetOutput(out)
+		own.PrintDefaults()
+		fmt.Fprintf(out, "\nLogging flags (klog):\n")
+		logging.SetOutput(out)
+		logging.PrintDefaults()
+	}
 }
 
 func (o options) validate() error {
@@ -92,6 +117,8 @@ func (o options) validate() error {
 		return fmt.Errorf("--work-duration is %v, must not be negative", o.workDuration)
 	case !(o.failureRate >= 0 && o.failureRate < 1):
 		return fmt.Errorf("--failure-rate is %v, must be in [0, 1)", o.failureRate)
+	case o.keepServing && o.httpAddr == "":
+		return errors.New("--keep-serving needs --http-addr: there are no fleet pages to keep serving")
 	case o.timeout <= 0:
 		return fmt.Errorf("--timeout is %v, must be positive", o.timeout)
 	}
@@ -102,6 +129,7 @@ func run(ctx context.Context, o options) error {
 	if err := o.validate(); err != nil {
 		return err
 	}
+	serveCtx := ctx // --keep-serving: until interrupted, not bounded by --timeout
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	host, _ := os.Hostname()
@@ -182,7 +210,17 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	fmt.Printf("\nall %d machines passed every stage in %.1fs\n\n", done, time.Since(start).Seconds())
-	return summary(context.WithoutCancel(ctx), model.New(db))
+	if err := summary(context.WithoutCancel(ctx), model.New(db)); err != nil {
+		return err
+	}
+	switch {
+	case o.keepServing:
+		fmt.Println("\nthe fleet pages stay up until you interrupt (Ctrl-C)")
+		<-serveCtx.Done()
+	case o.httpAddr != "":
+		fmt.Println("\nthe fleet pages stop now; --keep-serving (make demo KEEP=1) keeps them up after the run")
+	}
+	return nil
 }
 
 // serve starts an HTTP server on addr ("": none) with the routes that
@@ -253,8 +291,8 @@ func watch(ctx context.Context, db *sql.DB, loops []*worker.Loop, start time.Tim
 		for _, l := range loops {
 			failed += l.Stats().Failed
 		}
-		fmt.Printf("%5.1fs  machines %d  provided %d  agent-started %d  os-installed %d  in-flight %d  failed %d  backed-off %d\n",
-			time.Since(start).Seconds(), c.Machines, c.Provided, c.AgentStarted, c.OsInstalled, c.InFlight, failed, c.BackedOff)
+		fmt.Printf("%5.1fs  done (of %d): provided %d  agent-started %d  os-installed %d  |  now: in-flight %d  backed-off %d  |  failures so far %d\n",
+			time.Since(start).Seconds(), c.Machines, c.Provided, c.AgentStarted, c.OsInstalled, c.InFlight, c.BackedOff, failed)
 		if c.OsInstalled == c.Machines {
 			return c.Machines, nil
 		}

@@ -72,6 +72,7 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	for name, mod := range map[string]func(*options){
 		"dsn":          func(o *options) { o.dsn = "" },
+		"keep-serving": func(o *options) { o.keepServing = true },
 		"machines":     func(o *options) { o.machines = -1 },
 		"concurrency":  func(o *options) { o.concurrency = 0 },
 		"failure-rate": func(o *options) { o.failureRate = 1 },
