@@ -161,3 +161,13 @@ func TestMain(m *testing.M) {
 	}
 	os.Exit(code)
 }
+
+// BenchmarkLoop is worker.Loop's default path: b.N machines through 32
+// handlers, each committing its machine's own result.
+func BenchmarkLoop(b *testing.B) {
+	_, _, dsn := benchConn(b)
+	b.ResetTimer()
+	if _, _, err := loopOnce(context.Background(), dsn, b.N, 32, 1, false); err != nil {
+		b.Fatal(err)
+	}
+}
