@@ -49,7 +49,8 @@ import (
 type Config struct {
 	Seed        uint64
 	Workers     int           // worker processes
-	Concurrency int           // claimers per worker
+	Concurrency int           // handlers per loop (worker.Config.Concurrency)
+	Connections int           // bmdb Connections per worker process, each with a loop of its own
 	Items       int           // items seeded at the start, and per top-up while faults run
 	Faults      int           // CI mode: faults to inject, at least one of each kind
 	Soak        time.Duration // soak mode when positive: inject faults for this long
@@ -71,12 +72,13 @@ type Config struct {
 	Out           io.Writer
 }
 
-// CIConfig returns the CI mode: 4 workers of 2 claimers, 1 s session
+// CIConfig returns the CI mode: 4 worker processes, each with 2
+// Connections running a loop of 2 handlers, 1 s session
 // interval and GC period, a few hundred items, 11 faults (every kind at
 // least once), bounded to 4 minutes.
 func CIConfig() Config {
 	return Config{
-		Seed: 1, Workers: 4, Concurrency: 2, Items: 160, Faults: 11,
+		Seed: 1, Workers: 4, Concurrency: 2, Connections: 2, Items: 160, Faults: 11,
 		Gap:      [2]time.Duration{500 * time.Millisecond, 2 * time.Second},
 		Interval: time.Second, GCPeriod: time.Second,
 		WorkMin: 200 * time.Millisecond, WorkMax: 800 * time.Millisecond,
@@ -87,8 +89,8 @@ func CIConfig() Config {
 
 func (c Config) validate() error {
 	switch {
-	case c.Workers < 1 || c.Concurrency < 1 || c.Items < 1:
-		return errors.New("chaos: workers, concurrency and items must be positive")
+	case c.Workers < 1 || c.Concurrency < 1 || c.Connections < 1 || c.Items < 1:
+		return errors.New("chaos: workers, concurrency, connections and items must be positive")
 	case c.Soak <= 0 && c.Faults < len(FaultKinds):
 		return fmt.Errorf("chaos: CI mode needs at least %d faults, one of each kind", len(FaultKinds))
 	case c.Interval < 100*time.Millisecond || c.GCPeriod <= 0:
@@ -146,7 +148,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
 	h := &harness{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6368616f73)), began: time.Now(), partitionModes: map[string]int{}}
-	r := &Report{Seed: cfg.Seed, Workers: cfg.Workers, Concurrency: cfg.Concurrency, Interval: cfg.Interval,
+	r := &Report{Seed: cfg.Seed, Workers: cfg.Workers, Concurrency: cfg.Concurrency, Connections: cfg.Connections, Interval: cfg.Interval,
 		GCPeriod: cfg.GCPeriod, ReclaimBound: cfg.Interval + cfg.GCPeriod + cfg.ReclaimSlack, Soak: cfg.Soak}
 	err := h.run(ctx, r)
 	r.Runtime = time.Since(h.began)
@@ -286,7 +288,8 @@ func (h *harness) startFleet(dsn string) error {
 			return err
 		}
 		cfg := WorkerConfig{DSN: wdsn, ID: id, Seed: h.cfg.Seed*100 + uint64(id), Interval: h.cfg.Interval,
-			GCPeriod: h.cfg.GCPeriod, Concurrency: h.cfg.Concurrency, WorkMin: h.cfg.WorkMin, WorkMax: h.cfg.WorkMax}
+			GCPeriod: h.cfg.GCPeriod, Concurrency: h.cfg.Concurrency, Connections: h.cfg.Connections,
+			WorkMin: h.cfg.WorkMin, WorkMax: h.cfg.WorkMax}
 		if err := h.fleet.add(cfg, app, proxy); err != nil {
 			proxy.Close()
 			return err
@@ -430,21 +433,21 @@ func FindRepo(dir string) (string, error) {
 
 // Report is a run's figures and violations.
 type Report struct {
-	Seed                 uint64
-	Soak                 time.Duration
-	Workers, Concurrency int
-	Interval, GCPeriod   time.Duration
-	Runtime              time.Duration
-	LogDir               string
-	Faults               map[FaultKind]int
-	PartitionModes       map[string]int
-	Items, Processed     int // items seeded, items with an effect
-	Effects              int // effect rows
-	Events               map[string]int
-	Reclaims             []time.Duration // Abandoned at - session's final deadline, sorted
-	ReclaimBound         time.Duration   // interval + GC period + slack
-	MinCommitMargin      time.Duration   // least (session deadline - effect commit)
-	Violations           []string
+	Seed                              uint64
+	Soak                              time.Duration
+	Workers, Concurrency, Connections int
+	Interval, GCPeriod                time.Duration
+	Runtime                           time.Duration
+	LogDir                            string
+	Faults                            map[FaultKind]int
+	PartitionModes                    map[string]int
+	Items, Processed                  int // items seeded, items with an effect
+	Effects                           int // effect rows
+	Events                            map[string]int
+	Reclaims                          []time.Duration // Abandoned at - session's final deadline, sorted
+	ReclaimBound                      time.Duration   // interval + GC period + slack
+	MinCommitMargin                   time.Duration   // least (session deadline - effect commit)
+	Violations                        []string
 }
 
 func (r *Report) violate(format string, args ...any) {
@@ -464,8 +467,8 @@ func (r *Report) Print(w io.Writer) {
 	if r.Soak > 0 {
 		mode = fmt.Sprintf("soak mode (%v)", r.Soak)
 	}
-	fmt.Fprintf(w, "bmdb-chaos: %s: seed %d, %s, %d workers x %d claimers, interval %v, GC period %v, runtime %v\n",
-		verdict, r.Seed, mode, r.Workers, r.Concurrency, r.Interval, r.GCPeriod, r.Runtime.Round(100*time.Millisecond))
+	fmt.Fprintf(w, "bmdb-chaos: %s: seed %d, %s, %d workers x %d connections x %d handlers, interval %v, GC period %v, runtime %v\n",
+		verdict, r.Seed, mode, r.Workers, r.Connections, r.Concurrency, r.Interval, r.GCPeriod, r.Runtime.Round(100*time.Millisecond))
 	total, parts := 0, []string{}
 	for _, k := range FaultKinds {
 		n := r.Faults[k]

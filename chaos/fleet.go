@@ -19,7 +19,7 @@ func (c WorkerConfig) Args() []string {
 	return []string{
 		"--dsn", c.DSN, "--id", strconv.Itoa(c.ID), "--seed", strconv.FormatUint(c.Seed, 10),
 		"--interval", c.Interval.String(), "--gc-period", c.GCPeriod.String(),
-		"--concurrency", strconv.Itoa(c.Concurrency),
+		"--concurrency", strconv.Itoa(c.Concurrency), "--connections", strconv.Itoa(c.Connections),
 		"--work-min", c.WorkMin.String(), "--work-max", c.WorkMax.String(),
 	}
 }
@@ -33,7 +33,8 @@ func ParseWorkerFlags(args []string) (WorkerConfig, error) {
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the work durations")
 	fs.DurationVar(&c.Interval, "interval", time.Second, "bmdb session interval")
 	fs.DurationVar(&c.GCPeriod, "gc-period", time.Second, "bmdb GC period")
-	fs.IntVar(&c.Concurrency, "concurrency", 2, "claimers")
+	fs.IntVar(&c.Concurrency, "concurrency", 2, "handlers per loop")
+	fs.IntVar(&c.Connections, "connections", 1, "bmdb Connections, each with a loop of its own")
 	fs.DurationVar(&c.WorkMin, "work-min", 200*time.Millisecond, "shortest simulated work")
 	fs.DurationVar(&c.WorkMax, "work-max", 800*time.Millisecond, "longest simulated work")
 	if err := fs.Parse(args); err != nil {
@@ -44,6 +45,8 @@ func ParseWorkerFlags(args []string) (WorkerConfig, error) {
 		return c, fmt.Errorf("worker: --dsn is required")
 	case c.Concurrency < 1:
 		return c, fmt.Errorf("worker: --concurrency must be positive")
+	case c.Connections < 1:
+		return c, fmt.Errorf("worker: --connections must be positive")
 	case c.WorkMin < 0 || c.WorkMax < c.WorkMin:
 		return c, fmt.Errorf("worker: need 0 <= --work-min <= --work-max")
 	}

@@ -23,7 +23,8 @@ type WorkerConfig struct {
 	Seed        uint64        // seeds the work durations
 	Interval    time.Duration // bmdb session interval
 	GCPeriod    time.Duration // bmdb GC period
-	Concurrency int           // claimers
+	Concurrency int           // handlers per loop
+	Connections int           // Connections (and loops) in the process
 	WorkMin     time.Duration // shortest simulated work
 	WorkMax     time.Duration // longest simulated work
 }
@@ -35,15 +36,35 @@ const (
 	logStop    = "chaos: interrupted" // chaos: interrupted MACHINE session SESSION: CAUSE
 )
 
-// RunWorker runs one worker until ctx is done: a worker.Loop claiming
-// machines for Process, simulating work for a random duration, and
-// committing an effect row in Finish. It returns once the loop has shut
-// down and its session is closed.
+// RunWorker runs one worker process until ctx is done: Connections bmdb
+// Connections, each with a worker.Loop claiming machines for Process,
+// simulating work for a random duration, and committing an effect row in
+// Finish. It returns once every loop has shut down and its session is
+// closed.
 func RunWorker(ctx context.Context, c WorkerConfig) error {
+	var mu sync.Mutex
+	rng := rand.New(rand.NewPCG(c.Seed, uint64(os.Getpid())))
+	duration := func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return c.WorkMin + time.Duration(rng.Int64N(int64(c.WorkMax-c.WorkMin)+1))
+	}
+	conns := max(c.Connections, 1)
+	errs := make([]error, conns)
+	var wg sync.WaitGroup
+	for i := range conns {
+		wg.Go(func() { errs[i] = runLoop(ctx, c, i, duration) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// runLoop runs the worker's loop number n on a Connection of its own.
+func runLoop(ctx context.Context, c WorkerConfig, n int, duration func() time.Duration) error {
 	conn, err := openRetrying(ctx, bmdb.Config{
 		DSN:             c.DSN,
 		ComponentName:   fmt.Sprintf("chaos-w%d", c.ID),
-		RuntimeInfo:     fmt.Sprintf("bmdb-chaos worker %d, pid %d", c.ID, os.Getpid()),
+		RuntimeInfo:     fmt.Sprintf("bmdb-chaos worker %d, connection %d, pid %d", c.ID, n, os.Getpid()),
 		SessionInterval: c.Interval,
 		GCPeriod:        c.GCPeriod,
 		SkipMigrations:  true,
@@ -53,13 +74,6 @@ func RunWorker(ctx context.Context, c WorkerConfig) error {
 	}
 	defer conn.Close()
 
-	var mu sync.Mutex
-	rng := rand.New(rand.NewPCG(c.Seed, uint64(os.Getpid())))
-	duration := func() time.Duration {
-		mu.Lock()
-		defer mu.Unlock()
-		return c.WorkMin + time.Duration(rng.Int64N(int64(c.WorkMax-c.WorkMin)+1))
-	}
 	loop, err := worker.New(conn, worker.Config{
 		Process: Process,
 		Retrieve: func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error) {
@@ -95,9 +109,9 @@ func RunWorker(ctx context.Context, c WorkerConfig) error {
 	if err != nil {
 		return err
 	}
-	klog.Infof("chaos: worker %d (pid %d) running", c.ID, os.Getpid())
+	klog.Infof("chaos: worker %d (pid %d) loop %d running", c.ID, os.Getpid(), n)
 	err = loop.Run(ctx)
-	klog.Infof("chaos: worker %d stopped: %+v", c.ID, loop.Stats())
+	klog.Infof("chaos: worker %d loop %d stopped: %+v", c.ID, n, loop.Stats())
 	return err
 }
 
