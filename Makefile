@@ -19,7 +19,7 @@ TESTS   := $(GO_TEST) ./... && \
 	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ && \
 	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
 
-.PHONY: all demo test generate verify lint check bench clean
+.PHONY: all demo test generate verify lint check bench bench-durable clean
 
 all: check
 
@@ -69,6 +69,12 @@ check: verify lint test
 ## BMDB_DSN). The full run is in bench/README.md.
 bench:
 	scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick && BMDB_TEST_DSN="$$BMDB_DSN" go test -run "^$$" -bench . -benchtime 300x'
+
+## bench-durable: the throughput tables again on a cluster with PostgreSQL's
+## durable settings (fsync, synchronous_commit on), which favour neither
+## the system that commits least nor the one that commits most.
+bench-durable:
+	PG_DURABLE=1 scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick -only table'
 
 $(SQLC):
 	mkdir -p $(BIN)/sqlc.tmp
