@@ -108,7 +108,7 @@ func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *
 }
 
 // finishGroup ends the claims of one process inside tx and clears their
-// backoffs. It returns the first Work whose claim was no longer held, if
+// backoffs (WorkFinishMany). It returns the first Work whose claim was no longer held, if
 // any.
 func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group []*Work) (*Work, error) {
 	ids := make([]uuid.UUID, len(group))
@@ -132,9 +132,6 @@ func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group
 				return w, nil
 			}
 		}
-	}
-	if err := tx.q.WorkBackoffDeleteMany(ctx, store.WorkBackoffDeleteManyParams{MachineIds: ids, Process: process}); err != nil {
-		return nil, fmt.Errorf("bmdb: FinishAll: clearing backoffs of %q: %w", process, err)
 	}
 	return nil, nil
 }

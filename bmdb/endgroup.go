@@ -144,8 +144,8 @@ func (s *Session) endClaims(ctx context.Context, tx *Tx, process string, reqs []
 	return s.applyBackoffs(ctx, tx, process, kinds[store.WorkHistoryEventFailed])
 }
 
-// finishClaims ends claims as Finished and clears their backoffs: in one
-// statement for one claim (WorkFinish), in two for several.
+// finishClaims ends claims as Finished and clears their backoffs, in one
+// statement (WorkFinish for one claim, WorkFinishMany for several).
 func (s *Session) finishClaims(ctx context.Context, tx *Tx, process string, reqs []*endRequest) error {
 	if len(reqs) == 1 {
 		w := reqs[0].w
@@ -168,13 +168,7 @@ func (s *Session) finishClaims(ctx context.Context, tx *Tx, process string, reqs
 	if err != nil {
 		return fmt.Errorf("bmdb: finishing %d claims of %q: %w", len(reqs), process, err)
 	}
-	held := markLost(reqs, ended)
-	if len(held) == 0 {
-		return nil
-	}
-	if err := tx.q.WorkBackoffDeleteMany(ctx, store.WorkBackoffDeleteManyParams{MachineIds: held, Process: process}); err != nil {
-		return fmt.Errorf("bmdb: clearing backoffs of %q: %w", process, err)
-	}
+	markLost(reqs, ended)
 	return nil
 }
 

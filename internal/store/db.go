@@ -63,9 +63,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workBackoffDeleteStmt, err = db.PrepareContext(ctx, workBackoffDelete); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffDelete: %w", err)
 	}
-	if q.workBackoffDeleteManyStmt, err = db.PrepareContext(ctx, workBackoffDeleteMany); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkBackoffDeleteMany: %w", err)
-	}
 	if q.workBackoffIntervalsStmt, err = db.PrepareContext(ctx, workBackoffIntervals); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkBackoffIntervals: %w", err)
 	}
@@ -170,11 +167,6 @@ func (q *Queries) Close() error {
 	if q.workBackoffDeleteStmt != nil {
 		if cerr := q.workBackoffDeleteStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workBackoffDeleteStmt: %w", cerr)
-		}
-	}
-	if q.workBackoffDeleteManyStmt != nil {
-		if cerr := q.workBackoffDeleteManyStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workBackoffDeleteManyStmt: %w", cerr)
 		}
 	}
 	if q.workBackoffIntervalsStmt != nil {
@@ -289,7 +281,6 @@ type Queries struct {
 	sessionStartStmt             *sql.Stmt
 	workAbandonOfSessionsStmt    *sql.Stmt
 	workBackoffDeleteStmt        *sql.Stmt
-	workBackoffDeleteManyStmt    *sql.Stmt
 	workBackoffIntervalsStmt     *sql.Stmt
 	workBackoffUpsertManyStmt    *sql.Stmt
 	workClaimManyStmt            *sql.Stmt
@@ -321,7 +312,6 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		sessionStartStmt:             q.sessionStartStmt,
 		workAbandonOfSessionsStmt:    q.workAbandonOfSessionsStmt,
 		workBackoffDeleteStmt:        q.workBackoffDeleteStmt,
-		workBackoffDeleteManyStmt:    q.workBackoffDeleteManyStmt,
 		workBackoffIntervalsStmt:     q.workBackoffIntervalsStmt,
 		workBackoffUpsertManyStmt:    q.workBackoffUpsertManyStmt,
 		workClaimManyStmt:            q.workClaimManyStmt,

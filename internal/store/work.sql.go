@@ -334,6 +334,11 @@ WITH ended AS (
       AND work.machine_id = ANY ($4::UUID[])
       AND work.claim_id = ANY ($5::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), cleared AS (
+    DELETE FROM work_backoff
+    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
+      AND work_backoff.process = $2::TEXT
+    RETURNING work_backoff.machine_id
 )
 INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT,
@@ -351,8 +356,9 @@ type WorkFinishManyParams struct {
 }
 
 // WorkFinishMany ends, as Finished, the claims claim_ids of process on
-// machine_ids that the session still holds, and returns their machine ids:
-// those missing were no longer held (the fence of FinishAll).
+// machine_ids that the session still holds, clears their backoffs, and
+// returns their machine ids: those missing were no longer held (the fence
+// of grouped ends and FinishAll).
 func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.UUID, error) {
 	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
 		arg.ComponentName,

@@ -31,22 +31,6 @@ func (q *Queries) WorkBackoffDelete(ctx context.Context, arg WorkBackoffDeletePa
 	return result.RowsAffected()
 }
 
-const workBackoffDeleteMany = `-- name: WorkBackoffDeleteMany :exec
-DELETE FROM work_backoff
-WHERE process = $1::TEXT AND machine_id = ANY ($2::UUID[])
-`
-
-type WorkBackoffDeleteManyParams struct {
-	Process    string
-	MachineIds []uuid.UUID
-}
-
-// WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
-func (q *Queries) WorkBackoffDeleteMany(ctx context.Context, arg WorkBackoffDeleteManyParams) error {
-	_, err := q.exec(ctx, q.workBackoffDeleteManyStmt, workBackoffDeleteMany, arg.Process, pq.Array(arg.MachineIds))
-	return err
-}
-
 const workBackoffIntervals = `-- name: WorkBackoffIntervals :many
 SELECT machine_id, interval_seconds FROM work_backoff
 WHERE process = $1::TEXT AND machine_id = ANY ($2::UUID[])

@@ -113,14 +113,20 @@ RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_t
 
 -- name: WorkFinishMany :many
 -- WorkFinishMany ends, as Finished, the claims claim_ids of process on
--- machine_ids that the session still holds, and returns their machine ids:
--- those missing were no longer held (the fence of FinishAll).
+-- machine_ids that the session still holds, clears their backoffs, and
+-- returns their machine ids: those missing were no longer held (the fence
+-- of grouped ends and FinishAll).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
       AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
       AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), cleared AS (
+    DELETE FROM work_backoff
+    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
+      AND work_backoff.process = sqlc.arg(process)::TEXT
+    RETURNING work_backoff.machine_id
 )
 INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT,

@@ -3,11 +3,6 @@
 DELETE FROM work_backoff
 WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 
--- name: WorkBackoffDeleteMany :exec
--- WorkBackoffDeleteMany clears the backoffs of process on machine_ids.
-DELETE FROM work_backoff
-WHERE process = sqlc.arg(process)::TEXT AND machine_id = ANY (sqlc.arg(machine_ids)::UUID[]);
-
 -- name: WorkBackoffIntervals :many
 -- WorkBackoffIntervals returns the interval last used for each of
 -- machine_ids that has one for process, whether or not its backoff has
