@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -28,6 +29,7 @@ func withQueries(ctx context.Context, c *common, fn func(q *model.Queries, conn 
 	return fn(model.New(conn.DB()), conn)
 }
 
+// noArgs fails unless command name got no positional arguments.
 func noArgs(name string, args []string) error {
 	if len(args) > 0 {
 		return usagef("%s takes no arguments, got %q", name, args)
@@ -35,19 +37,38 @@ func noArgs(name string, args []string) error {
 	return nil
 }
 
+// parseMachine parses the machine id s, given as flagName (or the argument
+// so described); it is required.
 func parseMachine(flagName, s string) (uuid.UUID, error) {
 	if s == "" {
 		return uuid.Nil, usagef("%s is required", flagName)
 	}
 	id, err := uuid.Parse(s)
 	if err != nil {
-		return uuid.Nil, usagef("%s %q is not a machine id (a UUID such as 3f2c7d9e-0c1b-4a5e-9a8f-1b2c3d4e5f60)", flagName, s)
+		return uuid.Nil, usagef("%s %q is not a UUID (a machine id such as 3f2c7d9e-0c1b-4a5e-9a8f-1b2c3d4e5f60)", flagName, s)
 	}
 	return id, nil
 }
 
+// checkProcess checks --process: a valid process name if given, and given
+// if required.
+func checkProcess(process string, required bool) error {
+	switch {
+	case process == "" && required:
+		return usagef("--process is required")
+	case process == "":
+		return nil
+	}
+	if err := bmdb.ValidateProcess(process); err != nil {
+		return usagef("--process %q: %s", process, strings.TrimPrefix(err.Error(), bmdb.ErrInvalidArgument.Error()+": "))
+	}
+	return nil
+}
+
+// optional is s as a nullable query parameter: NULL if empty.
 func optional(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
 
+// checkLimit checks --limit.
 func checkLimit(limit int) error {
 	if limit < 1 || limit > 100000 {
 		return usagef("--limit is %d, must be in [1, 100000]", limit)
@@ -130,15 +151,6 @@ func clearMigrationLock(ctx context.Context, c *common) error {
 	return t.print(c.out, c.json)
 }
 
-type sessionRecord struct {
-	SessionID   uuid.UUID `json:"session_id"`
-	Component   string    `json:"component"`
-	RuntimeInfo string    `json:"runtime_info"`
-	CreatedAt   time.Time `json:"created_at"`
-	Deadline    time.Time `json:"deadline"`
-	SecondsLeft float64   `json:"seconds_left"`
-}
-
 func sessionsCommand(fs *flag.FlagSet) runFunc {
 	return func(ctx context.Context, c *common, args []string) error {
 		if err := noArgs("sessions", args); err != nil {
@@ -151,29 +163,18 @@ func sessionsCommand(fs *flag.FlagSet) runFunc {
 			}
 			t := &table{header: []string{"SESSION", "COMPONENT", "CREATED", "DEADLINE", "SECONDS_LEFT", "RUNTIME"}}
 			for _, r := range rows {
-				t.add(sessionRecord{r.SessionID, r.ComponentName, r.RuntimeInfo, r.CreatedAt, r.Deadline, r.SecondsLeft},
-					r.SessionID, r.ComponentName, r.CreatedAt, r.Deadline, r.SecondsLeft, r.RuntimeInfo)
+				t.add(r, r.SessionID, r.ComponentName, r.CreatedAt, r.Deadline, r.SecondsLeft, r.RuntimeInfo)
 			}
 			return t.print(c.out, c.json)
 		})
 	}
 }
 
-type workRecord struct {
-	MachineID  uuid.UUID `json:"machine_id"`
-	Process    string    `json:"process"`
-	SessionID  uuid.UUID `json:"session_id"`
-	Component  string    `json:"component"`
-	StartedAt  time.Time `json:"started_at"`
-	AgeSeconds float64   `json:"age_seconds"`
-	Alive      bool      `json:"alive"`
-}
-
+// workTable lists claims; its JSON records are those of the web pages.
 func workTable(rows []model.CurrentWork) *table {
 	t := &table{header: []string{"MACHINE", "PROCESS", "COMPONENT", "SESSION", "STARTED", "AGE_S", "ALIVE"}}
 	for _, r := range rows {
-		t.add(workRecord{r.MachineID, r.Process, r.SessionID, r.ComponentName, r.StartedAt, r.AgeSeconds, r.Alive},
-			r.MachineID, r.Process, r.ComponentName, r.SessionID, r.StartedAt, r.AgeSeconds, r.Alive)
+		t.add(r, r.MachineID, r.Process, r.ComponentName, r.SessionID, r.StartedAt, r.AgeSeconds, r.Alive)
 	}
 	return t
 }
@@ -183,6 +184,9 @@ func workCommand(fs *flag.FlagSet) runFunc {
 	limit := fs.Int("limit", 1000, "at most this many claims")
 	return func(ctx context.Context, c *common, args []string) error {
 		if err := noArgs("work", args); err != nil {
+			return err
+		}
+		if err := checkProcess(*process, false); err != nil {
 			return err
 		}
 		if err := checkLimit(*limit); err != nil {
@@ -198,20 +202,13 @@ func workCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-type backoffRecord struct {
-	MachineID       uuid.UUID `json:"machine_id"`
-	Process         string    `json:"process"`
-	Cause           string    `json:"cause"`
-	Until           time.Time `json:"until"`
-	IntervalSeconds float64   `json:"interval_seconds"`
-	SecondsLeft     float64   `json:"seconds_left"`
-}
-
+// backoffTable lists backoffs in force; its JSON records have the web
+// pages' field names, with seconds_left where the machine page (which lists
+// expired backoffs too) has active.
 func backoffTable(rows []model.ActiveBackoff) *table {
 	t := &table{header: []string{"MACHINE", "PROCESS", "UNTIL", "SECONDS_LEFT", "INTERVAL_S", "CAUSE"}}
 	for _, r := range rows {
-		t.add(backoffRecord{r.MachineID, r.Process, r.Cause, r.Until, r.IntervalSeconds, r.SecondsLeft},
-			r.MachineID, r.Process, r.Until, r.SecondsLeft, r.IntervalSeconds, r.Cause)
+		t.add(r, r.MachineID, r.Process, r.Until, r.SecondsLeft, r.IntervalSeconds, r.Cause)
 	}
 	return t
 }
@@ -221,6 +218,9 @@ func backoffsCommand(fs *flag.FlagSet) runFunc {
 	limit := fs.Int("limit", 1000, "at most this many backoffs")
 	return func(ctx context.Context, c *common, args []string) error {
 		if err := noArgs("backoffs", args); err != nil {
+			return err
+		}
+		if err := checkProcess(*process, false); err != nil {
 			return err
 		}
 		if err := checkLimit(*limit); err != nil {
@@ -234,19 +234,6 @@ func backoffsCommand(fs *flag.FlagSet) runFunc {
 			return backoffTable(rows).print(c.out, c.json)
 		})
 	}
-}
-
-type machineRecord struct {
-	MachineID      uuid.UUID `json:"machine_id"`
-	CreatedAt      time.Time `json:"created_at"`
-	Stage          string    `json:"stage,omitempty"`
-	LiveClaims     int64     `json:"live_claims"`
-	ExpiredClaims  int64     `json:"expired_claims"`
-	ActiveBackoffs int64     `json:"active_backoffs"`
-}
-
-func newMachineRecord(m web.MachineRow) machineRecord {
-	return machineRecord{m.MachineID, m.MachineCreatedAt, m.Stage, m.LiveClaims, m.ExpiredClaims, m.ActiveBackoffs}
 }
 
 // stageNames returns the application's stages (web.ViewStages), nil if it
@@ -298,30 +285,19 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 			}
 			t := &table{header: []string{"MACHINE", "STAGE", "LIVE_CLAIMS", "EXPIRED_CLAIMS", "BACKOFFS", "CREATED"}}
 			for _, r := range rows {
-				t.add(newMachineRecord(r), r.MachineID, r.Stage, r.LiveClaims, r.ExpiredClaims, r.ActiveBackoffs, r.MachineCreatedAt)
+				t.add(r, r.MachineID, r.Stage, r.LiveClaims, r.ExpiredClaims, r.ActiveBackoffs, r.MachineCreatedAt)
 			}
 			return t.print(c.out, c.json)
 		})
 	}
 }
 
-type historyRecord struct {
-	At        time.Time `json:"at"`
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-	Event     string    `json:"event"`
-	Component string    `json:"component"`
-	SessionID uuid.UUID `json:"session_id"`
-	Cause     string    `json:"cause"`
-}
-
-// historyTable lists rows (newest first, as queried) oldest first.
+// historyTable lists one machine's events newest first (as queried, and as
+// the web pages list them), without the machine column.
 func historyTable(rows []model.ReadableHistory) *table {
-	t := &table{header: []string{"AT", "MACHINE", "PROCESS", "EVENT", "COMPONENT", "SESSION", "CAUSE"}}
-	for i := len(rows) - 1; i >= 0; i-- {
-		r := rows[i]
-		t.add(historyRecord{r.At, r.MachineID, r.Process, r.Event, r.ComponentName, r.SessionID, r.Cause},
-			r.At, r.MachineID, r.Process, r.Event, r.ComponentName, r.SessionID, r.Cause)
+	t := &table{header: []string{"AT", "PROCESS", "EVENT", "COMPONENT", "SESSION", "CAUSE"}}
+	for _, r := range rows {
+		t.add(r, r.At, r.Process, r.Event, r.ComponentName, r.SessionID, r.Cause)
 	}
 	return t
 }
@@ -329,15 +305,21 @@ func historyTable(rows []model.ReadableHistory) *table {
 func historyCommand(fs *flag.FlagSet) runFunc {
 	machine := fs.String("machine", "", "the machine id (required)")
 	process := fs.String("process", "", "only events of this process")
-	since := fs.Duration("since", 0, "only events of the last D (e.g. 1h), on the database clock")
+	since := duration(fs, "since", 0, "only events of the last D (e.g. 1h), on the database clock")
 	limit := fs.Int("limit", 100, "at most this many events, the most recent")
-	olderThan := fs.Duration("older-than", 0, "history prune: delete events older than this (e.g. 720h)")
+	olderThan := duration(fs, "older-than", 0, "history prune: delete events older than this (e.g. 720h)")
 	batch := fs.Int("batch", bmdb.PruneHistoryBatchDefault, "history prune: rows per transaction")
 	return func(ctx context.Context, c *common, args []string) error {
-		if len(args) == 1 && args[0] == "prune" {
+		if len(args) > 0 && args[0] == "prune" {
+			if err := noArgs("history prune", args[1:]); err != nil {
+				return err
+			}
 			return prune(ctx, c, *olderThan, *batch)
 		}
 		if err := noArgs("history", args); err != nil {
+			return err
+		}
+		if err := checkProcess(*process, false); err != nil {
 			return err
 		}
 		id, err := parseMachine("--machine", *machine)
@@ -388,13 +370,23 @@ func prune(ctx context.Context, c *common, olderThan time.Duration, batch int) e
 	})
 }
 
+// machineJSON is machine ID --json: one object with the keys of the web
+// page's JSON (web.Machine) that bmdbctl shows. Its backoffs are those in
+// force, as in backoffs --json.
+type machineJSON struct {
+	Status   web.MachineRow          `json:"status"`
+	Work     []model.CurrentWork     `json:"work"`
+	Backoffs []model.ActiveBackoff   `json:"backoffs"`
+	History  []model.ReadableHistory `json:"history"`
+}
+
 func machineCommand(fs *flag.FlagSet) runFunc {
-	limit := fs.Int("limit", 20, "at most this many history events")
+	limit := fs.Int("limit", 20, "at most this many history events, the most recent")
 	return func(ctx context.Context, c *common, args []string) error {
 		if len(args) != 1 {
-			return usagef("machine needs one machine id")
+			return usagef("machine needs one machine id, got %d arguments", len(args))
 		}
-		id, err := parseMachine("machine", args[0])
+		id, err := parseMachine("machine id", args[0])
 		if err != nil {
 			return err
 		}
@@ -402,73 +394,72 @@ func machineCommand(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		return withQueries(ctx, c, func(q *model.Queries, conn *bmdb.Connection) error {
-			overview, err := q.MachineOverviewGet(ctx, id)
-			if errors.Is(err, sql.ErrNoRows) {
-				return fmt.Errorf("no machine %s", id)
-			}
+			m, err := readMachine(ctx, q, conn, id, *limit)
 			if err != nil {
 				return err
 			}
-			status := web.MachineRow{MachineOverview: overview}
-			if stages, err := stageNames(ctx, conn); err != nil {
-				return err
-			} else if stages != nil {
-				byID, err := web.ReadMachineStages(ctx, conn.DB(), []uuid.UUID{id})
-				if err != nil {
-					return err
-				}
-				status.Stage = byID[id]
-			}
-			work, err := q.CurrentWorkForMachine(ctx, id)
-			if err != nil {
-				return err
-			}
-			backoffs, err := q.ActiveBackoffsForMachine(ctx, id)
-			if err != nil {
-				return err
-			}
-			history, err := q.ReadableHistoryForMachine(ctx, model.ReadableHistoryForMachineParams{MachineID: id, RowLimit: int32(*limit)})
-			if err != nil {
-				return err
-			}
-			return printMachine(c, status, workTable(work), backoffTable(backoffs), historyTable(history))
+			return printMachine(c, m)
 		})
 	}
 }
 
-func printMachine(c *common, status web.MachineRow, work, backoffs, history *table) error {
+// readMachine reads what machine ID shows: its status (with its stage if
+// the application defines stages), claims, backoffs in force and its limit
+// most recent events.
+func readMachine(ctx context.Context, q *model.Queries, conn *bmdb.Connection, id uuid.UUID, limit int) (machineJSON, error) {
+	var m machineJSON
+	var err error
+	m.Status.MachineOverview, err = q.MachineOverviewGet(ctx, id)
+	if errors.Is(err, sql.ErrNoRows) {
+		return m, fmt.Errorf("no machine %s", id)
+	}
+	if err != nil {
+		return m, err
+	}
+	if m.Status.Stage, err = machineStage(ctx, conn, id); err != nil {
+		return m, err
+	}
+	if m.Work, err = q.CurrentWorkForMachine(ctx, id); err != nil {
+		return m, err
+	}
+	if m.Backoffs, err = q.ActiveBackoffsForMachine(ctx, id); err != nil {
+		return m, err
+	}
+	m.History, err = q.ReadableHistoryForMachine(ctx, model.ReadableHistoryForMachineParams{MachineID: id, RowLimit: int32(limit)})
+	return m, err
+}
+
+// machineStage returns the stage of machine id, "" if the application
+// defines no stages.
+func machineStage(ctx context.Context, conn *bmdb.Connection, id uuid.UUID) (string, error) {
+	stages, err := stageNames(ctx, conn)
+	if err != nil || stages == nil {
+		return "", err
+	}
+	byID, err := web.ReadMachineStages(ctx, conn.DB(), []uuid.UUID{id})
+	return byID[id], err
+}
+
+// printMachine writes m as one JSON object, or as a heading and three
+// tables without the machine column, which the heading names.
+func printMachine(c *common, m machineJSON) error {
 	if c.json {
-		return (&table{records: []any{struct {
-			Machine  machineRecord `json:"machine"`
-			Work     []any         `json:"work"`
-			Backoffs []any         `json:"backoffs"`
-			History  []any         `json:"history"`
-		}{
-			newMachineRecord(status),
-			nonNil(work.records), nonNil(backoffs.records), nonNil(history.records),
-		}}}).print(c.out, true)
+		return writeJSON(c.out, m)
 	}
 	stage := ""
-	if status.Stage != "" {
-		stage = "stage " + status.Stage + ", "
+	if m.Status.Stage != "" {
+		stage = "stage " + m.Status.Stage + ", "
 	}
-	fmt.Fprintf(c.out, "machine %s: %screated %s\n\nclaims:\n", status.MachineID, stage, cell(status.MachineCreatedAt))
-	if err := work.print(c.out, false); err != nil {
+	fmt.Fprintf(c.out, "machine %s: %screated %s\n\nclaims:\n", m.Status.MachineID, stage, cell(m.Status.MachineCreatedAt))
+	if err := workTable(m.Work).without("MACHINE").print(c.out, false); err != nil {
 		return err
 	}
 	fmt.Fprintln(c.out, "\nbackoffs in force:")
-	if err := backoffs.print(c.out, false); err != nil {
+	if err := backoffTable(m.Backoffs).without("MACHINE").print(c.out, false); err != nil {
 		return err
 	}
-	fmt.Fprintln(c.out, "\nrecent history:")
-	return history.print(c.out, false)
-}
-
-func nonNil(s []any) []any {
-	if s == nil {
-		return []any{}
-	}
-	return s
+	fmt.Fprintln(c.out, "\nrecent history, newest first:")
+	return historyTable(m.History).print(c.out, false)
 }
 
 func backoffCommand(fs *flag.FlagSet) runFunc {
@@ -483,8 +474,8 @@ func backoffCommand(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		if *process == "" {
-			return usagef("--process is required")
+		if err := checkProcess(*process, true); err != nil {
+			return err
 		}
 		why := *reason
 		if why == "" {

@@ -20,8 +20,17 @@
 //	serve [--addr HOST:PORT]       serve the read-only web pages (package web)
 //
 // Every command takes --dsn (default $BMDB_DSN), --json (machine-readable
-// output instead of a table) and --timeout. Exit status: 0 on success, 1 on
-// a failure, 2 on a usage error. The DSN's password is never printed.
+// output instead of a table) and --timeout. bmdbctl -h, --help or help
+// lists the commands; bmdbctl help COMMAND or COMMAND -h shows a command's
+// flags with their defaults, on stdout with exit status 0.
+//
+// --json prints the records of a table as an array of objects, or one
+// object for machine ID, whose field names are those of the web pages' JSON
+// (package web): component_name, machine_created_at, …. History is listed
+// newest first, as on the web pages.
+//
+// Exit status: 0 on success, 1 on a failure, 2 on a usage error (message on
+// stderr). The DSN's password is never printed.
 package main
 
 import (
@@ -31,17 +40,19 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 )
 
-// usageError is a mistake in the command line: exit status 2.
-type usageError struct{ msg string }
+// usageError is a mistake in the command line: exit status 2. cmd names
+// the command it is about, if any.
+type usageError struct{ cmd, msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
-func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+func usagef(format string, args ...any) error { return &usageError{msg: fmt.Sprintf(format, args...)} }
 
 // common are the flags every command takes.
 type common struct {
@@ -51,25 +62,31 @@ type common struct {
 	out     io.Writer
 }
 
+// timeoutDefault is --timeout's default.
+const timeoutDefault = 30 * time.Second
+
 // command is one subcommand: its flags are added to fs, run gets the
 // remaining arguments.
 type command struct {
-	name    string
-	summary string
-	flags   func(fs *flag.FlagSet) func(ctx context.Context, c *common, args []string) error
+	name     string
+	synopsis []string // its forms, for help
+	summary  string
+	flags    func(fs *flag.FlagSet) runFunc
 }
 
 var commands = []command{
-	{"migrate", "migrate up | down [--steps N] | version | lock | unlock", migrateCommand},
-	{"sessions", "live sessions", sessionsCommand},
-	{"work", "current claims [--process P]", workCommand},
-	{"backoffs", "backoffs in force [--process P]", backoffsCommand},
-	{"machines", "machines and their stage [--stage S] [--after ID] [--limit N]", machinesCommand},
-	{"machine", "one machine: stage, claims, backoffs, recent history", machineCommand},
-	{"history", "history --machine ID [--process P] [--since D] | history prune --older-than D", historyCommand},
-	{"backoff", "backoff clear --machine ID --process P [--reason R]", backoffCommand},
-	{"gc", "delete expired sessions once", gcCommand},
-	{"serve", "serve the read-only web pages [--addr 127.0.0.1:8080]", serveCommand},
+	{"migrate", []string{"migrate up | down [--steps N] | version", "migrate lock | unlock"},
+		"apply or revert schema migrations and show the version; show or clear the migration lock", migrateCommand},
+	{"sessions", []string{"sessions"}, "live sessions, with seconds until their deadline", sessionsCommand},
+	{"work", []string{"work [--process P] [--limit N]"}, "current claims, with their component and age", workCommand},
+	{"backoffs", []string{"backoffs [--process P] [--limit N]"}, "backoffs in force, with cause and time left", backoffsCommand},
+	{"machines", []string{"machines [--stage S] [--after ID] [--limit N]"}, "machines with their stage, claims and backoffs, in pages", machinesCommand},
+	{"machine", []string{"machine ID [--limit N]"}, "one machine: stage, claims, backoffs, recent history (newest first)", machineCommand},
+	{"history", []string{"history --machine ID [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
+		"a machine's events, newest first; prune deletes old events of every machine", historyCommand},
+	{"backoff", []string{"backoff clear --machine ID --process P [--reason R]"}, "clear a backoff, recorded as BackoffCleared", backoffCommand},
+	{"gc", []string{"gc"}, "delete expired sessions once", gcCommand},
+	{"serve", []string{"serve [--addr HOST:PORT]"}, "serve the read-only web pages (package web)", serveCommand},
 }
 
 func main() {
@@ -77,6 +94,9 @@ func main() {
 	var usage *usageError
 	switch {
 	case err == nil:
+	case errors.As(err, &usage) && usage.cmd != "":
+		fmt.Fprintf(os.Stderr, "bmdbctl %s: %v\n(bmdbctl help %[1]s shows its flags)\n", usage.cmd, err)
+		os.Exit(2)
 	case errors.As(err, &usage):
 		fmt.Fprintf(os.Stderr, "bmdbctl: %v\n(bmdbctl help lists the commands)\n", err)
 		os.Exit(2)
@@ -86,56 +106,109 @@ func main() {
 	}
 }
 
-// run parses args and runs one command, writing its output to out.
+// run parses args and runs one command, writing its output (and help, when
+// asked for) to out.
 func run(ctx context.Context, args []string, out io.Writer) error {
 	// Common flags may also come before the command.
 	global := flag.NewFlagSet("bmdbctl", flag.ContinueOnError)
 	global.SetOutput(io.Discard)
-	defaults := common{out: out}
-	addCommonFlags(global, &defaults, common{dsn: os.Getenv("BMDB_DSN"), timeout: 30 * time.Second})
-	if err := global.Parse(args); err != nil {
-		return usagef("%v", err)
+	var defaults common
+	addCommonFlags(global, &defaults, common{timeout: timeoutDefault})
+	err := global.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return printUsage(out, global)
+	case err != nil:
+		return flagError(err)
+	}
+	if defaults.dsn == "" {
+		defaults.dsn = os.Getenv("BMDB_DSN")
 	}
 	args = global.Args()
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(out, "usage: bmdbctl COMMAND [--dsn DSN] [--json] [flags] [args]\n\ncommands:")
-		for _, c := range commands {
-			fmt.Fprintf(out, "  %-10s %s\n", c.name, c.summary)
-		}
-		return nil
+	switch {
+	case len(args) == 0:
+		return usagef("no command given")
+	case args[0] == "help":
+		return help(out, global, args[1:], defaults)
 	}
-	for _, cmd := range commands {
-		if cmd.name != args[0] {
-			continue
-		}
-		fs := flag.NewFlagSet("bmdbctl "+cmd.name, flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		c := &common{out: out}
-		addCommonFlags(fs, c, defaults)
-		runCmd := cmd.flags(fs)
-		rest, err := parseInterspersed(fs, args[1:])
-		if err != nil {
-			return usagef("%s: %v", cmd.name, err)
-		}
-		if c.dsn == "" {
-			return usagef("%s: no database: pass --dsn or set BMDB_DSN", cmd.name)
-		}
-		if c.timeout <= 0 {
-			return usagef("%s: --timeout must be positive", cmd.name)
-		}
-		ctx, cancel := context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-		return runCmd(ctx, c, rest)
+	cmd, ok := lookup(args[0])
+	if !ok {
+		return usagef("unknown command %q", args[0])
 	}
-	return usagef("unknown command %q", args[0])
+	err = runCommand(ctx, cmd, args[1:], defaults, out)
+	var usage *usageError
+	if errors.As(err, &usage) && usage.cmd == "" {
+		usage.cmd = cmd.name
+	}
+	return err
+}
+
+// help answers bmdbctl help [COMMAND].
+func help(out io.Writer, global *flag.FlagSet, args []string, defaults common) error {
+	switch len(args) {
+	case 0:
+		return printUsage(out, global)
+	case 1:
+		cmd, ok := lookup(args[0])
+		if !ok {
+			return usagef("help: unknown command %q", args[0])
+		}
+		fs, _, _ := cmd.flagSet(defaults, out)
+		return printCommandHelp(out, cmd, fs)
+	}
+	return usagef("help takes one command, got %q", args)
+}
+
+func lookup(name string) (command, bool) {
+	for _, c := range commands {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// flagSet returns cmd's flags, the common ones with the values of defaults
+// as defaults, the values they will be parsed into, and cmd's run function.
+func (cmd command) flagSet(defaults common, out io.Writer) (*flag.FlagSet, *common, runFunc) {
+	fs := flag.NewFlagSet("bmdbctl "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	c := &common{out: out}
+	addCommonFlags(fs, c, defaults)
+	return fs, c, cmd.flags(fs)
+}
+
+// runCommand parses cmd's args and runs it, or prints its help if asked.
+func runCommand(ctx context.Context, cmd command, args []string, defaults common, out io.Writer) error {
+	fs, c, runCmd := cmd.flagSet(defaults, out)
+	rest, err := parseInterspersed(fs, args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		return printCommandHelp(out, cmd, fs)
+	case err != nil:
+		return flagError(err)
+	}
+	if c.dsn == "" {
+		c.dsn = defaults.dsn
+	}
+	if c.dsn == "" {
+		return usagef("no database: pass --dsn or set $BMDB_DSN")
+	}
+	if c.timeout <= 0 {
+		return usagef("--timeout is %v, must be positive (such as 30s)", c.timeout)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+	return cliError(runCmd(ctx, c, rest))
 }
 
 // addCommonFlags adds the flags every command takes to fs, storing into c,
-// with the values of defaults as defaults.
+// with the values of defaults as defaults. --dsn has no default of its own:
+// the caller falls back to $BMDB_DSN, so help never shows a password.
 func addCommonFlags(fs *flag.FlagSet, c *common, defaults common) {
-	fs.StringVar(&c.dsn, "dsn", defaults.dsn, "database DSN (default $BMDB_DSN)")
+	fs.StringVar(&c.dsn, "dsn", "", "database DSN (default $BMDB_DSN)")
 	fs.BoolVar(&c.json, "json", defaults.json, "print JSON instead of a table")
-	fs.DurationVar(&c.timeout, "timeout", defaults.timeout, "give up after this long")
+	durationVar(fs, &c.timeout, "timeout", defaults.timeout, "give up after this long")
 }
 
 // parseInterspersed parses flags that may come before, between or after
@@ -155,6 +228,17 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// cliError restates an error of bmdb about its Config.DSN (which bmdbctl
+// fills from --dsn or $BMDB_DSN) in terms of the command line, as a usage
+// error; other errors are returned as they are.
+func cliError(err error) error {
+	if err == nil || !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), "Config.DSN") {
+		return err
+	}
+	msg := strings.ReplaceAll(err.Error(), bmdb.ErrInvalidArgument.Error()+": ", "")
+	return usagef("%s", strings.ReplaceAll(msg, "Config.DSN", "--dsn (or $BMDB_DSN)"))
+}
+
 // open connects for reading and operator writes, without migrating: the
 // schema must be the one this binary knows (bmdbctl migrate up fixes that).
 func (c *common) open(ctx context.Context) (*bmdb.Connection, error) {
@@ -167,6 +251,7 @@ func (c *common) open(ctx context.Context) (*bmdb.Connection, error) {
 	})
 }
 
+// runtimeInfo describes this run of bmdbctl for its session row.
 func runtimeInfo() string {
 	host, _ := os.Hostname()
 	user := os.Getenv("USER")

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -22,6 +24,8 @@ import (
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
 	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/web"
 )
 
 var binary string // the bmdbctl built for the tests
@@ -74,6 +78,7 @@ type fleet struct {
 	dsn          string
 	busy, failed uuid.UUID
 	sess         *bmdb.Session
+	db           *sql.DB // for the web pages
 }
 
 func seed(t *testing.T) fleet {
@@ -87,6 +92,7 @@ func seed(t *testing.T) fleet {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
+	f.db = conn.DB()
 	f.sess, err = conn.StartSession(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -135,14 +141,14 @@ func TestSessionsWorkBackoffs(t *testing.T) {
 	if !strings.Contains(out, f.failed.String()) || !strings.Contains(out, "PXE timeout") {
 		t.Errorf("backoffs:\n%s", out)
 	}
-	var backoffs []backoffRecord
+	var backoffs []model.ActiveBackoff
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "--json", "backoffs")), &backoffs); err != nil {
 		t.Fatal(err)
 	}
 	if len(backoffs) != 1 || backoffs[0].MachineID != f.failed || backoffs[0].SecondsLeft < 3500 || backoffs[0].IntervalSeconds != 3600 {
 		t.Errorf("backoffs --json = %+v", backoffs)
 	}
-	var sessions []sessionRecord
+	var sessions []model.LiveSession
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "sessions", "--json")), &sessions); err != nil || len(sessions) != 1 || sessions[0].SecondsLeft <= 0 {
 		t.Errorf("sessions --json = %+v, %v", sessions, err)
 	}
@@ -150,7 +156,7 @@ func TestSessionsWorkBackoffs(t *testing.T) {
 
 func TestMachinesAndMachine(t *testing.T) {
 	f := seed(t)
-	var machines []machineRecord
+	var machines []web.MachineRow
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--json")), &machines); err != nil || len(machines) != 2 {
 		t.Fatalf("machines --json = %+v, %v", machines, err)
 	}
@@ -187,8 +193,8 @@ func TestHistoryAndBackoffClear(t *testing.T) {
 	f := seed(t)
 	out := ok(t, f.dsn, "history", "--machine", f.failed.String())
 	started, failed := strings.Index(out, "Started"), strings.Index(out, "Failed")
-	if started < 0 || failed < started || !strings.Contains(out, "os-installer") {
-		t.Errorf("history, oldest first:\n%s", out)
+	if failed < 0 || started < failed || !strings.Contains(out, "os-installer") {
+		t.Errorf("history, newest first:\n%s", out)
 	}
 	if out := ok(t, f.dsn, "history", "--machine", f.failed.String(), "--process", "provide"); !strings.Contains(out, "(none)") {
 		t.Errorf("history --process provide:\n%s", out)
@@ -200,13 +206,12 @@ func TestHistoryAndBackoffClear(t *testing.T) {
 	if out := ok(t, f.dsn, "backoffs"); strings.Contains(out, f.failed.String()) {
 		t.Errorf("backoff still listed after clear:\n%s", out)
 	}
-	var history []historyRecord
+	var history []model.ReadableHistory
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "history", "--machine", f.failed.String(), "--json")), &history); err != nil {
 		t.Fatal(err)
 	}
-	last := history[len(history)-1]
-	if last.Event != "BackoffCleared" || last.Cause != "PXE fixed" || last.Component != "bmdbctl" {
-		t.Errorf("last history event = %+v", last)
+	if last := history[0]; last.Event != "BackoffCleared" || last.Cause != "PXE fixed" || last.ComponentName != "bmdbctl" {
+		t.Errorf("newest history event = %+v", last)
 	}
 	if _, errOut, code := ctl(t, f.dsn, "backoff", "clear", "--machine", f.failed.String(), "--process", "install-os"); code != 1 || !strings.Contains(errOut, "no backoff") {
 		t.Errorf("clearing twice: exit %d, %s", code, errOut)
@@ -286,40 +291,335 @@ func TestMigrateAndGC(t *testing.T) {
 	}
 }
 
+// Usage errors exit 2 with a message on stderr naming what was wrong, as
+// the command line spells it; nothing on stdout, no panic, no password.
 func TestUsageErrors(t *testing.T) {
 	t.Parallel()
 	dsn := "postgres://bmdb:s3cret@127.0.0.1:1/bmdb?sslmode=disable&connect_timeout=2"
+	id := uuid.NewString()
 	for _, tc := range []struct {
 		args []string
 		code int
 		want string
 	}{
-		{[]string{"frobnicate"}, 2, "unknown command"},
-		{[]string{"history"}, 2, "--machine is required"},
-		{[]string{"history", "--machine", "12345"}, 2, "not a machine id"},
-		{[]string{"machine", "not-a-uuid"}, 2, "not a machine id"},
-		{[]string{"machines", "--after", "x"}, 2, "not a machine id"},
-		{[]string{"work", "--limit", "0"}, 2, "--limit"},
-		{[]string{"work", "--bogus"}, 2, "flag provided but not defined"},
-		{[]string{"backoff", "clear", "--machine", uuid.NewString()}, 2, "--process is required"},
+		{nil, 2, "no command given"},
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"history"}, 2, "bmdbctl history: --machine is required"},
+		{[]string{"history", "--machine", "12345"}, 2, "is not a UUID"},
+		{[]string{"history", "--machine", id, "extra"}, 2, "takes no arguments"},
+		{[]string{"history", "prune", "extra", "--older-than", "1h"}, 2, "history prune takes no arguments"},
+		{[]string{"machine"}, 2, "one machine id, got 0 arguments"},
+		{[]string{"machine", id, id}, 2, "one machine id, got 2 arguments"},
+		{[]string{"machine", ""}, 2, "machine id is required"},
+		{[]string{"machine", "not-a-uuid"}, 2, "is not a UUID"},
+		{[]string{"machines", "--after", "x"}, 2, "--after \"x\" is not a UUID"},
+		{[]string{"work", "--limit", "0"}, 2, "--limit is 0, must be in [1, 100000]"},
+		{[]string{"work", "--limit", "x"}, 2, `invalid value "x" for flag --limit: want an integer`},
+		{[]string{"--json=maybe", "work"}, 2, `invalid boolean value "maybe" for --json: want true or false`},
+		{[]string{"work", "--bogus"}, 2, "flag provided but not defined: --bogus"},
+		{[]string{"work", "--process"}, 2, "flag needs an argument: --process"},
+		{[]string{"work", "--process", strings.Repeat("p", 200)}, 2, "--process \"ppp"},
+		{[]string{"backoffs", "--process", "\xff"}, 2, "not valid UTF-8"},
+		{[]string{"backoff", "clear", "--machine", id}, 2, "--process is required"},
 		{[]string{"backoff", "reset"}, 2, "clear"},
 		{[]string{"migrate", "sideways"}, 2, "up, down, version, lock or unlock"},
+		{[]string{"migrate", "down", "--steps", "0"}, 2, "--steps is 0, must be positive"},
 		{[]string{"history", "prune"}, 2, "--older-than"},
+		{[]string{"history", "prune", "--older-than", "1h", "--batch", "0"}, 2, "--batch is 0"},
+		// Durations: the error names the flag and the expected format.
+		{[]string{"history", "--machine", id, "--since", "5"}, 2, `invalid value "5" for flag --since: want a duration such as 90s`},
+		{[]string{"history", "prune", "--older-than", "30d"}, 2, `for flag --older-than: want a duration such as 90s, 15m or 720h`},
+		{[]string{"--timeout", "10", "sessions"}, 2, `for flag --timeout: want a duration`},
+		{[]string{"sessions", "--timeout", "-1s"}, 2, "--timeout is -1s, must be positive"},
+		{[]string{"history", "--machine", id, "--since", "-1h"}, 2, "--since is -1h0m0s, must not be negative"},
+		{[]string{"help", "nope"}, 2, `unknown command "nope"`},
+		{[]string{"help", "gc", "sessions"}, 2, "help takes one command"},
 		{[]string{"sessions"}, 1, "127.0.0.1:1"}, // unreachable: a failure, not a usage error
 	} {
 		out, errOut, code := ctl(t, dsn, tc.args...)
 		if code != tc.code || !strings.Contains(errOut, tc.want) {
-			t.Errorf("bmdbctl %v: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, errOut, tc.code, tc.want)
+			t.Errorf("bmdbctl %q: exit %d, stderr %q; want exit %d mentioning %q", tc.args, code, errOut, tc.code, tc.want)
 		}
-		if strings.Contains(out+errOut, "s3cret") {
-			t.Errorf("bmdbctl %v printed the password: %s%s", tc.args, out, errOut)
+		if code == 2 && out != "" {
+			t.Errorf("bmdbctl %q: usage error with stdout %q", tc.args, out)
+		}
+		if strings.Contains(out+errOut, "s3cret") || strings.Contains(errOut, "panic") {
+			t.Errorf("bmdbctl %q printed the password or panicked: %s%s", tc.args, out, errOut)
 		}
 	}
-	if _, errOut, code := ctl(t, "", "sessions"); code != 2 || !strings.Contains(errOut, "BMDB_DSN") {
+	if _, errOut, code := ctl(t, "", "sessions"); code != 2 || !strings.Contains(errOut, "pass --dsn or set $BMDB_DSN") {
 		t.Errorf("no DSN: exit %d, %s", code, errOut)
 	}
-	if out, _, code := ctl(t, "", "help"); code != 0 || !strings.Contains(out, "history") {
-		t.Errorf("help: exit %d\n%s", code, out)
+}
+
+// A malformed DSN is reported as the --dsn flag or $BMDB_DSN, whichever
+// held it, not as bmdb's Config.DSN, and without its password.
+func TestMalformedDSN(t *testing.T) {
+	t.Parallel()
+	bad := "postgres://bmdb:s3cret@127.0.0.1:port/bmdb"
+	for _, tc := range []struct {
+		env  string
+		args []string
+	}{
+		{bad, []string{"sessions"}},
+		{"", []string{"--dsn", bad, "machines"}},
+		{"", []string{"migrate", "version", "--dsn", bad}},
+		{bad, []string{"history", "prune", "--older-than", "1h"}},
+	} {
+		out, errOut, code := ctl(t, tc.env, tc.args...)
+		if code != 2 || out != "" || !strings.Contains(errOut, "--dsn (or $BMDB_DSN) is malformed") {
+			t.Errorf("bmdbctl %q with BMDB_DSN=%q: exit %d, stdout %q, stderr %q; want exit 2 naming --dsn", tc.args, tc.env, code, out, errOut)
+		}
+		if strings.Contains(errOut, "Config.") || strings.Contains(errOut, "s3cret") {
+			t.Errorf("bmdbctl %q: stderr %q names a library field or the password", tc.args, errOut)
+		}
+	}
+}
+
+// flagLine returns the line of help that describes flag (such as
+// "--limit"), "" if there is none.
+func flagLine(help, flag string) string {
+	for _, l := range strings.Split(help, "\n") {
+		if f := strings.Fields(l); len(f) > 0 && f[0] == flag {
+			return l
+		}
+	}
+	return ""
+}
+
+// Help in each of its forms goes to stdout with exit status 0, needs no
+// database and never shows $BMDB_DSN.
+func TestHelp(t *testing.T) {
+	t.Parallel()
+	dsn := "postgres://bmdb:s3cret@127.0.0.1:1/bmdb"
+	var usage string
+	for _, args := range [][]string{{"-h"}, {"--help"}, {"-help"}, {"help"}, {"--json", "-h"}} {
+		out, errOut, code := ctl(t, dsn, args...)
+		if code != 0 || errOut != "" || !strings.HasPrefix(out, "usage: bmdbctl ") {
+			t.Errorf("bmdbctl %q: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
+		}
+		if usage != "" && out != usage {
+			t.Errorf("bmdbctl %q differs from the other forms of help:\n%s", args, out)
+		}
+		usage = out
+	}
+	for _, c := range commands {
+		if !strings.Contains(usage, "\n  "+c.name+" ") {
+			t.Errorf("usage lacks command %s:\n%s", c.name, usage)
+		}
+	}
+	if l := flagLine(usage, "--timeout"); !strings.Contains(l, "duration") || !strings.HasSuffix(l, "(default 30s)") {
+		t.Errorf("usage: --timeout line %q", l)
+	}
+	for _, c := range commands {
+		want, errOut, code := ctl(t, dsn, "help", c.name)
+		if code != 0 || errOut != "" || !strings.HasPrefix(want, "usage: bmdbctl "+c.name) {
+			t.Errorf("bmdbctl help %s: exit %d, stderr %q, stdout:\n%s", c.name, code, errOut, want)
+		}
+		for _, f := range []string{"--dsn", "--json", "--timeout"} {
+			if flagLine(want, f) == "" {
+				t.Errorf("bmdbctl help %s lacks %s:\n%s", c.name, f, want)
+			}
+		}
+		for _, args := range [][]string{{c.name, "-h"}, {c.name, "--help"}, {c.name, "extra", "--json", "-h"}} {
+			if out, errOut, code := ctl(t, dsn, args...); code != 0 || errOut != "" || out != want {
+				t.Errorf("bmdbctl %q: exit %d, stderr %q, stdout:\n%s\nwant the output of help %s:\n%s", args, code, errOut, out, c.name, want)
+			}
+		}
+		if strings.Contains(want, "s3cret") {
+			t.Errorf("help %s shows $BMDB_DSN:\n%s", c.name, want)
+		}
+	}
+	// Each command's own flags, with their types and defaults.
+	for _, tc := range []struct{ cmd, flag, want string }{
+		{"history", "--machine", "the machine id (required)"},
+		{"history", "--since", "--since duration"},
+		{"history", "--limit", "(default 100)"},
+		{"history", "--older-than", "--older-than duration"},
+		{"history", "--batch", fmt.Sprintf("(default %d)", bmdb.PruneHistoryBatchDefault)},
+		{"machine", "--limit", "(default 20)"},
+		{"machines", "--limit", "(default 100)"},
+		{"machines", "--stage", "--stage string"},
+		{"migrate", "--steps", "(default 1)"},
+		{"work", "--limit", "(default 1000)"},
+		{"backoffs", "--process", "--process string"},
+		{"serve", "--addr", "(default 127.0.0.1:8080)"},
+		{"gc", "--json", "print JSON instead of a table"},
+	} {
+		out := ok(t, dsn, "help", tc.cmd)
+		if l := flagLine(out, tc.flag); !strings.Contains(l, tc.want) {
+			t.Errorf("help %s: %s line %q lacks %q", tc.cmd, tc.flag, l, tc.want)
+		}
+	}
+	// A common flag before the command is the default its help shows.
+	if l := flagLine(ok(t, dsn, "--timeout", "5s", "gc", "-h"), "--timeout"); !strings.HasSuffix(l, "(default 5s)") {
+		t.Errorf("--timeout 5s gc -h: %q", l)
+	}
+}
+
+// header returns the first line after the line heading in out, split in
+// columns.
+func header(t *testing.T, out, heading string) []string {
+	t.Helper()
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if l == heading && i+1 < len(lines) {
+			return strings.Fields(lines[i+1])
+		}
+	}
+	t.Fatalf("no %q in:\n%s", heading, out)
+	return nil
+}
+
+// checkColumns fails unless cols has no column twice, nor MACHINE if
+// perMachine (the machine is the same on every row).
+func checkColumns(t *testing.T, what string, cols []string, perMachine bool) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, c := range cols {
+		if seen[c] || (perMachine && c == "MACHINE") {
+			t.Errorf("%s: columns %v repeat %s", what, cols, c)
+		}
+		seen[c] = true
+	}
+}
+
+// Tables repeat no column; those of one machine have no machine column.
+// History is newest first in the tables too.
+func TestColumns(t *testing.T) {
+	f := seed(t)
+	out := ok(t, f.dsn, "machine", f.failed.String())
+	checkColumns(t, "machine: claims", header(t, out, "claims:"), true)
+	checkColumns(t, "machine: backoffs", header(t, out, "backoffs in force:"), true)
+	checkColumns(t, "machine: history", header(t, out, "recent history, newest first:"), true)
+	if failed, started := strings.Index(out, "Failed"), strings.Index(out, "Started"); failed < 0 || started < failed {
+		t.Errorf("machine: history not newest first:\n%s", out)
+	}
+	out = ok(t, f.dsn, "history", "--machine", f.failed.String())
+	checkColumns(t, "history", strings.Fields(strings.SplitN(out, "\n", 2)[0]), true)
+	for _, cmd := range []string{"sessions", "work", "backoffs", "machines"} {
+		out := ok(t, f.dsn, cmd)
+		checkColumns(t, cmd, strings.Fields(strings.SplitN(out, "\n", 2)[0]), false)
+	}
+}
+
+// webJSON returns the JSON object of a web page.
+func webJSON(t *testing.T, srv *httptest.Server, path string) map[string]json.RawMessage {
+	t.Helper()
+	resp, err := http.Get(srv.URL + path + "?format=json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var page map[string]json.RawMessage
+	if err := json.NewDecoder(resp.Body).Decode(&page); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET %s: %d, %v", path, resp.StatusCode, err)
+	}
+	return page
+}
+
+// object decodes raw as one JSON object.
+func object(t *testing.T, what string, raw []byte) map[string]json.RawMessage {
+	t.Helper()
+	var o map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &o); err != nil {
+		t.Fatalf("%s is not one JSON object: %v\n%s", what, err, raw)
+	}
+	return o
+}
+
+// first decodes the first object of the JSON array raw.
+func first(t *testing.T, what string, raw []byte) map[string]json.RawMessage {
+	t.Helper()
+	var a []json.RawMessage
+	if err := json.Unmarshal(raw, &a); err != nil || len(a) == 0 {
+		t.Fatalf("%s is not a non-empty JSON array: %v\n%s", what, err, raw)
+	}
+	return object(t, what+"[0]", a[0])
+}
+
+// keys returns the keys of o, sorted, but those in except.
+func keys(o map[string]json.RawMessage, except ...string) []string {
+	var k []string
+	for key := range o {
+		if !slices.Contains(except, key) {
+			k = append(k, key)
+		}
+	}
+	slices.Sort(k)
+	return k
+}
+
+// historyIDs returns the ids of the history records in raw, in order.
+func historyIDs(t *testing.T, raw []byte) []int64 {
+	t.Helper()
+	var h []model.ReadableHistory
+	if err := json.Unmarshal(raw, &h); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, r := range h {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
+// --json has the field names of the web pages' JSON; machine ID --json is
+// one object; history comes in the same order (newest first) from both.
+func TestJSONMatchesWeb(t *testing.T) {
+	f := seed(t)
+	srv := httptest.NewServer(web.New(f.db, web.Options{}))
+	defer srv.Close()
+	cli := func(args ...string) []byte { return []byte(ok(t, f.dsn, append(args, "--json")...)) }
+
+	for _, id := range []uuid.UUID{f.busy, f.failed} {
+		m := object(t, "machine --json", cli("machine", id.String()))
+		page := webJSON(t, srv, "/machine/"+id.String())
+		if got := keys(m); !slices.Equal(got, []string{"backoffs", "history", "status", "work"}) {
+			t.Errorf("machine --json keys %v", got)
+		}
+		if got, want := keys(object(t, "status", m["status"])), keys(object(t, "web status", page["status"])); !slices.Equal(got, want) {
+			t.Errorf("machine --json status keys %v, web's %v", got, want)
+		}
+		if got, want := keys(first(t, "history", m["history"])), keys(first(t, "web history", page["history"])); !slices.Equal(got, want) || !slices.Contains(got, "component_name") {
+			t.Errorf("machine --json history keys %v, web's %v", got, want)
+		}
+		if got, want := historyIDs(t, m["history"]), historyIDs(t, page["history"]); !slices.Equal(got, want) || len(got) < 1 {
+			t.Errorf("machine --json history ids %v, web's %v", got, want)
+		}
+		if got, want := historyIDs(t, cli("history", "--machine", id.String())), historyIDs(t, page["history"]); !slices.Equal(got, want) {
+			t.Errorf("history --json ids %v, web's %v", got, want)
+		}
+	}
+	busy := object(t, "machine --json", cli("machine", f.busy.String()))
+	busyPage := webJSON(t, srv, "/machine/"+f.busy.String())
+	work, webWork := keys(first(t, "work", busy["work"])), keys(first(t, "web work", busyPage["work"]))
+	if !slices.Equal(work, webWork) || !slices.Contains(work, "component_name") {
+		t.Errorf("machine --json work keys %v, web's %v", work, webWork)
+	}
+	if got := keys(first(t, "work --json", cli("work"))); !slices.Equal(got, webWork) {
+		t.Errorf("work --json keys %v, web's %v", got, webWork)
+	}
+	// Backoffs: those in force, so without the web's "active", with
+	// seconds_left.
+	failed := object(t, "machine --json", cli("machine", f.failed.String()))
+	backoffs := keys(first(t, "backoffs", failed["backoffs"]))
+	webBackoffs := keys(first(t, "web backoffs", webJSON(t, srv, "/machine/"+f.failed.String())["backoffs"]), "active")
+	for _, k := range webBackoffs {
+		if !slices.Contains(backoffs, k) {
+			t.Errorf("machine --json backoffs keys %v lack the web's %q", backoffs, k)
+		}
+	}
+	if got := keys(first(t, "backoffs --json", cli("backoffs"))); !slices.Equal(got, backoffs) {
+		t.Errorf("backoffs --json keys %v, machine --json's %v", got, backoffs)
+	}
+	sessions, webSessions := keys(first(t, "sessions --json", cli("sessions"))), keys(first(t, "web sessions", webJSON(t, srv, "/")["sessions"]))
+	if !slices.Equal(sessions, webSessions) || !slices.Contains(sessions, "component_name") {
+		t.Errorf("sessions --json keys %v, web's %v", sessions, webSessions)
+	}
+	machines, webMachines := keys(first(t, "machines --json", cli("machines"))), keys(first(t, "web machines", webJSON(t, srv, "/machines")["machines"]))
+	if !slices.Equal(machines, webMachines) || !slices.Contains(machines, "machine_created_at") {
+		t.Errorf("machines --json keys %v, web's %v", machines, webMachines)
 	}
 }
 
@@ -391,7 +691,7 @@ func TestMachinesWithoutStages(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	var machines []machineRecord
+	var machines []web.MachineRow
 	if err := json.Unmarshal([]byte(ok(t, dsn, "machines", "--json")), &machines); err != nil || len(machines) != 1 || machines[0].Stage != "" {
 		t.Errorf("machines --json = %+v, %v", machines, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -33,9 +34,7 @@ func (t *table) print(w io.Writer, asJSON bool) error {
 		if records == nil {
 			records = []any{}
 		}
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(records)
+		return writeJSON(w, records)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, strings.Join(t.header, "\t"))
@@ -61,4 +60,24 @@ func cell(v any) string {
 		return strings.ReplaceAll(strings.ReplaceAll(v, "\t", " "), "\n", " ")
 	}
 	return fmt.Sprint(v)
+}
+
+// without returns t without its column named col (JSON records unchanged).
+func (t *table) without(col string) *table {
+	i := slices.Index(t.header, col)
+	if i < 0 {
+		return t
+	}
+	out := &table{header: slices.Delete(slices.Clone(t.header), i, i+1), records: t.records}
+	for _, r := range t.rows {
+		out.rows = append(out.rows, slices.Delete(slices.Clone(r), i, i+1))
+	}
+	return out
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
