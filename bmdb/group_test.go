@@ -237,3 +237,48 @@ func TestQueuedCallLeavesOnCancel(t *testing.T) {
 		t.Errorf("the canceled Work claimed its machine")
 	}
 }
+
+// Close racing an open group: the group's transaction and the calls queued
+// behind it fail with ErrSessionClosed, and nothing they claimed stays.
+func TestCloseRacingAGroup(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 2 * time.Second })
+	s, err := c.StartSession(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	machines := make([]uuid.UUID, 5)
+	for i := range machines {
+		machines[i] = e.machine()
+	}
+	hold := newLatch()
+	defer hold.open()
+	errs := make([]error, len(machines))
+	var wg sync.WaitGroup
+	wg.Go(func() { _, errs[0] = s.Work(context.Background(), "install", hold.held(retrieveAll(machines...))) })
+	hold.inside(t)
+	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	for i := 1; i < len(machines); i++ {
+		wg.Go(func() { _, errs[i] = s.Work(context.Background(), "install", retrieveAll(machines...)) })
+	}
+	eventually(t, 5*time.Second, "the other claims queued", func() bool { return queued(q) == len(machines)-1 })
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close(context.Background()) }()
+	eventually(t, 5*time.Second, "the session closing", func() bool { return s.Err() != nil })
+	hold.open()
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, ErrSessionClosed) {
+			t.Errorf("Work %d = %v, want ErrSessionClosed", i, err)
+		}
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if n := e.count("SELECT count(*) FROM work") + e.count("SELECT count(*) FROM sessions WHERE session_id = $1", s.ID()); n != 0 {
+		t.Errorf("%d claims or session rows left", n)
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE session_id = $1 AND event = 'Started'", s.ID()); n != 0 {
+		t.Errorf("%d Started rows committed by a closed session's group", n)
+	}
+}
