@@ -282,3 +282,75 @@ func TestCloseRacingAGroup(t *testing.T) {
 		t.Errorf("%d Started rows committed by a closed session's group", n)
 	}
 }
+
+// FinishWith: one CommitGroup call commits every Work of the group that
+// passes it; if it fails, the Works are finished one at a time, so that
+// only the one it refuses fails.
+func TestFinishWithCommitGroup(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	s := e.session(c)
+	machines := make([]uuid.UUID, 6)
+	for i := range machines {
+		machines[i] = e.machine()
+	}
+	works, err := s.WorkBatch(context.Background(), "install", len(machines), retrieveAll(machines...))
+	if err != nil || len(works) != len(machines) {
+		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
+	}
+	bad := works[len(works)-1].Machine()
+	errBad := errors.New("refused")
+	var mu sync.Mutex
+	var calls [][]uuid.UUID
+	g := &CommitGroup{Commit: func(tx *Tx, ws []*Work) error {
+		var ids []uuid.UUID
+		for _, w := range ws {
+			if w.Machine() == bad {
+				return errBad
+			}
+			ids = append(ids, w.Machine())
+		}
+		mu.Lock()
+		calls = append(calls, ids)
+		mu.Unlock()
+		for _, id := range ids {
+			if err := tagCommit(id)(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	}}
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	errs := make([]error, len(works))
+	wg.Go(func() {
+		errs[0] = works[0].Finish(context.Background(), func(tx *Tx) error {
+			hold.wait()
+			return tagCommit(works[0].Machine())(tx)
+		})
+	})
+	hold.inside(t)
+	for i, w := range works[1:] {
+		wg.Go(func() { errs[i+1] = w.FinishWith(context.Background(), g) })
+	}
+	eventually(t, 5*time.Second, "the FinishWith calls queued", func() bool { return queued(&s.ends) == len(works)-1 })
+	hold.open()
+	wg.Wait()
+	for i, w := range works {
+		switch {
+		case w.Machine() == bad:
+			if !errors.Is(errs[i], errBad) || e.tagged(bad) {
+				t.Errorf("FinishWith refused by the group = %v (tagged %v), want its error and no tag", errs[i], e.tagged(bad))
+			}
+		case errs[i] != nil || !e.tagged(w.Machine()):
+			t.Errorf("Finish of %s = %v (tagged %v)", w.Machine(), errs[i], e.tagged(w.Machine()))
+		}
+	}
+	if err := works[len(works)-1].Cancel(context.Background()); err != nil {
+		t.Errorf("the refused Work is not open: Cancel = %v", err)
+	}
+	if nilGroup := works[0].FinishWith(context.Background(), nil); !errors.Is(nilGroup, ErrInvalidArgument) {
+		t.Errorf("FinishWith(nil) = %v, want ErrInvalidArgument", nilGroup)
+	}
+}
