@@ -116,10 +116,10 @@ func (e EventRates) SVG() template.HTML {
 		}
 	}
 	for _, tick := range []struct {
-		i     int
-		label string
-	}{{0, "−60 m"}, {30, "−30 m"}, {plotMinutes - 1, "now"}} {
-		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" fill="#6b7280">%s</text>`, float64(left)+float64(tick.i)*barW, h-4, tick.label)
+		x             float64
+		anchor, label string
+	}{{left, "start", "−60 m"}, {float64(left) + 30*barW, "middle", "−30 m"}, {w, "end", "now"}} {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" fill="#6b7280" text-anchor="%s">%s</text>`, tick.x, h-4, tick.anchor, tick.label)
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
