@@ -67,8 +67,8 @@ func TestApplicationOnFreshDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := appVersion(t, e, "pipeline"); v.version != 1 || v.dirty {
-		t.Errorf("pipeline version %+v, want 1", v)
+	if v := appVersion(t, e, "pipeline"); v.version != 2 || v.dirty {
+		t.Errorf("pipeline version %+v, want 2 (its latest)", v)
 	}
 	if n := e.count("SELECT count(*) FROM app_machine_stages WHERE stage = 'provided'"); n != 1 {
 		t.Errorf("%d provided machines in app_machine_stages, want 1", n)
@@ -155,8 +155,8 @@ func TestApplicationOnTodaysDatabase(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM machine_overview"); n != 2 {
 		t.Errorf("machine_overview has %d machines, want 2", n)
 	}
-	if v := appVersion(t, e, "pipeline"); v.version != 1 {
-		t.Errorf("pipeline version %+v, want 1", v)
+	if v := appVersion(t, e, "pipeline"); v.version != 2 {
+		t.Errorf("pipeline version %+v, want 2 (its latest)", v)
 	}
 }
 

@@ -23,7 +23,7 @@
 --   GRANT SELECT, INSERT, UPDATE, DELETE ON machine_provided,
 --       machine_agent_started, machine_os_installed TO bmdb_worker;
 --   GRANT SELECT ON pipeline_schema_migrations, app_stages,
---       app_machine_stages, app_machine_tags TO bmdb_worker, bmdb_operator;
+--       app_machine_stages, app_machine_tags, app_pending_work TO bmdb_worker, bmdb_operator;
 
 CREATE ROLE bmdb_worker LOGIN PASSWORD 'change-me';
 CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
 
 const activeBackoffCountsByProcess = `-- name: ActiveBackoffCountsByProcess :many
@@ -54,6 +55,43 @@ ORDER BY until, process
 // ActiveBackoffsForMachine returns a machine's backoffs in force.
 func (q *Queries) ActiveBackoffsForMachine(ctx context.Context, machineID uuid.UUID) ([]ActiveBackoff, error) {
 	rows, err := q.db.QueryContext(ctx, activeBackoffsForMachine, machineID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ActiveBackoff{}
+	for rows.Next() {
+		var i ActiveBackoff
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.Process,
+			&i.Cause,
+			&i.Until,
+			&i.IntervalSeconds,
+			&i.SecondsLeft,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const activeBackoffsForMachines = `-- name: ActiveBackoffsForMachines :many
+SELECT machine_id, process, cause, until, interval_seconds, seconds_left FROM active_backoffs WHERE machine_id = ANY ($1::UUID[])
+ORDER BY machine_id, until, process
+`
+
+// ActiveBackoffsForMachines returns the backoffs in force of the given
+// machines (a page of a machine list), by machine, soonest to end first.
+func (q *Queries) ActiveBackoffsForMachines(ctx context.Context, machineIds []uuid.UUID) ([]ActiveBackoff, error) {
+	rows, err := q.db.QueryContext(ctx, activeBackoffsForMachines, pq.Array(machineIds))
 	if err != nil {
 		return nil, err
 	}

@@ -8,9 +8,88 @@ package model
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
+
+const currentWorkAgeHistogram = `-- name: CurrentWorkAgeHistogram :many
+SELECT (CASE WHEN age_seconds < 10 THEN 0 WHEN age_seconds < 30 THEN 1
+             WHEN age_seconds < 60 THEN 2 WHEN age_seconds < 300 THEN 3
+             WHEN age_seconds < 900 THEN 4 WHEN age_seconds < 3600 THEN 5
+             WHEN age_seconds < 21600 THEN 6 ELSE 7 END)::INT8 AS bucket,
+       alive, count(*) AS claims
+FROM current_work
+GROUP BY 1, 2 ORDER BY 1, 2
+`
+
+type CurrentWorkAgeHistogramRow struct {
+	Bucket int64 `json:"bucket"`
+	Alive  bool  `json:"alive"`
+	Claims int64 `json:"claims"`
+}
+
+// CurrentWorkAgeHistogram counts claims by age bucket (0: under 10 s, 1:
+// under 30 s, 2: under 1 m, 3: under 5 m, 4: under 15 m, 5: under 1 h, 6:
+// under 6 h, 7: older) and by whether their session is alive.
+func (q *Queries) CurrentWorkAgeHistogram(ctx context.Context) ([]CurrentWorkAgeHistogramRow, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkAgeHistogram)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWorkAgeHistogramRow{}
+	for rows.Next() {
+		var i CurrentWorkAgeHistogramRow
+		if err := rows.Scan(&i.Bucket, &i.Alive, &i.Claims); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const currentWorkComponentsByProcess = `-- name: CurrentWorkComponentsByProcess :many
+SELECT DISTINCT process, component_name FROM current_work
+ORDER BY process, component_name
+`
+
+type CurrentWorkComponentsByProcessRow struct {
+	Process       string `json:"process"`
+	ComponentName string `json:"component_name"`
+}
+
+// CurrentWorkComponentsByProcess returns the components that hold claims of
+// each process, alive or not.
+func (q *Queries) CurrentWorkComponentsByProcess(ctx context.Context) ([]CurrentWorkComponentsByProcessRow, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkComponentsByProcess)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWorkComponentsByProcessRow{}
+	for rows.Next() {
+		var i CurrentWorkComponentsByProcessRow
+		if err := rows.Scan(&i.Process, &i.ComponentName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const currentWorkCountsByProcess = `-- name: CurrentWorkCountsByProcess :many
 SELECT process, count(*) AS claims FROM current_work WHERE alive
@@ -46,6 +125,46 @@ func (q *Queries) CurrentWorkCountsByProcess(ctx context.Context) ([]CurrentWork
 	return items, nil
 }
 
+const currentWorkExpiredList = `-- name: CurrentWorkExpiredList :many
+SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work WHERE NOT alive
+ORDER BY started_at, machine_id, process
+LIMIT $1
+`
+
+// CurrentWorkExpiredList returns up to row_limit claims held by expired
+// sessions, oldest first: the work that is stuck until the next takeover
+// or GC.
+func (q *Queries) CurrentWorkExpiredList(ctx context.Context, rowLimit int32) ([]CurrentWork, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkExpiredList, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWork{}
+	for rows.Next() {
+		var i CurrentWork
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.Process,
+			&i.SessionID,
+			&i.ComponentName,
+			&i.StartedAt,
+			&i.AgeSeconds,
+			&i.Alive,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const currentWorkForMachine = `-- name: CurrentWorkForMachine :many
 SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work WHERE machine_id = $1
 ORDER BY started_at, process
@@ -54,6 +173,44 @@ ORDER BY started_at, process
 // CurrentWorkForMachine returns a machine's claims.
 func (q *Queries) CurrentWorkForMachine(ctx context.Context, machineID uuid.UUID) ([]CurrentWork, error) {
 	rows, err := q.db.QueryContext(ctx, currentWorkForMachine, machineID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWork{}
+	for rows.Next() {
+		var i CurrentWork
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.Process,
+			&i.SessionID,
+			&i.ComponentName,
+			&i.StartedAt,
+			&i.AgeSeconds,
+			&i.Alive,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const currentWorkForMachines = `-- name: CurrentWorkForMachines :many
+SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work WHERE machine_id = ANY ($1::UUID[])
+ORDER BY machine_id, started_at, process
+`
+
+// CurrentWorkForMachines returns the claims of the given machines (a page
+// of a machine list), by machine, oldest first.
+func (q *Queries) CurrentWorkForMachines(ctx context.Context, machineIds []uuid.UUID) ([]CurrentWork, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkForMachines, pq.Array(machineIds))
 	if err != nil {
 		return nil, err
 	}
@@ -120,6 +277,56 @@ func (q *Queries) CurrentWorkForSession(ctx context.Context, sessionID uuid.UUID
 	return items, nil
 }
 
+const currentWorkHealthByProcess = `-- name: CurrentWorkHealthByProcess :many
+SELECT process,
+       count(*) FILTER (WHERE alive) AS live_claims,
+       COALESCE(max(age_seconds) FILTER (WHERE alive), 0)::FLOAT8 AS oldest_live_age_seconds,
+       count(*) FILTER (WHERE NOT alive) AS expired_claims,
+       COALESCE(max(age_seconds) FILTER (WHERE NOT alive), 0)::FLOAT8 AS oldest_expired_age_seconds
+FROM current_work
+GROUP BY process ORDER BY process
+`
+
+type CurrentWorkHealthByProcessRow struct {
+	Process                 string  `json:"process"`
+	LiveClaims              int64   `json:"live_claims"`
+	OldestLiveAgeSeconds    float64 `json:"oldest_live_age_seconds"`
+	ExpiredClaims           int64   `json:"expired_claims"`
+	OldestExpiredAgeSeconds float64 `json:"oldest_expired_age_seconds"`
+}
+
+// CurrentWorkHealthByProcess returns per process its live claims and its
+// claims held by expired sessions (stuck until a takeover or GC), each with
+// the age of its oldest claim (0 when there is none).
+func (q *Queries) CurrentWorkHealthByProcess(ctx context.Context) ([]CurrentWorkHealthByProcessRow, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkHealthByProcess)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWorkHealthByProcessRow{}
+	for rows.Next() {
+		var i CurrentWorkHealthByProcessRow
+		if err := rows.Scan(
+			&i.Process,
+			&i.LiveClaims,
+			&i.OldestLiveAgeSeconds,
+			&i.ExpiredClaims,
+			&i.OldestExpiredAgeSeconds,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const currentWorkList = `-- name: CurrentWorkList :many
 SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work
 WHERE $1::TEXT IS NULL OR process = $1::TEXT
@@ -151,6 +358,73 @@ func (q *Queries) CurrentWorkList(ctx context.Context, arg CurrentWorkListParams
 			&i.StartedAt,
 			&i.AgeSeconds,
 			&i.Alive,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const currentWorkMachinesByAge = `-- name: CurrentWorkMachinesByAge :many
+SELECT mo.machine_id, mo.machine_created_at, mo.live_claims, mo.expired_claims, mo.active_backoffs,
+       c.oldest::TIMESTAMPTZ AS oldest_claim
+FROM (SELECT w.machine_id, min(w.started_at) AS oldest FROM work w
+      WHERE $1::TEXT IS NULL OR w.process = $1::TEXT
+      GROUP BY w.machine_id) c
+JOIN machine_overview mo ON mo.machine_id = c.machine_id
+WHERE (c.oldest, c.machine_id) > ($2::TIMESTAMPTZ, $3::UUID)
+ORDER BY c.oldest, c.machine_id
+LIMIT $4
+`
+
+type CurrentWorkMachinesByAgeParams struct {
+	Process  sql.NullString `json:"process"`
+	AfterAt  time.Time      `json:"after_at"`
+	AfterID  uuid.UUID      `json:"after_id"`
+	RowLimit int32          `json:"row_limit"`
+}
+
+type CurrentWorkMachinesByAgeRow struct {
+	MachineID        uuid.UUID `json:"machine_id"`
+	MachineCreatedAt time.Time `json:"machine_created_at"`
+	LiveClaims       int64     `json:"live_claims"`
+	ExpiredClaims    int64     `json:"expired_claims"`
+	ActiveBackoffs   int64     `json:"active_backoffs"`
+	OldestClaim      time.Time `json:"oldest_claim"`
+}
+
+// CurrentWorkMachinesByAge returns up to row_limit claimed machines, those
+// with claims of process or (process NULL) of any, by the start of their
+// oldest such claim, oldest first, after the cursor (after_at, after_id):
+// keyset pagination; start with a cursor before any claim.
+func (q *Queries) CurrentWorkMachinesByAge(ctx context.Context, arg CurrentWorkMachinesByAgeParams) ([]CurrentWorkMachinesByAgeRow, error) {
+	rows, err := q.db.QueryContext(ctx, currentWorkMachinesByAge,
+		arg.Process,
+		arg.AfterAt,
+		arg.AfterID,
+		arg.RowLimit,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CurrentWorkMachinesByAgeRow{}
+	for rows.Next() {
+		var i CurrentWorkMachinesByAgeRow
+		if err := rows.Scan(
+			&i.MachineID,
+			&i.MachineCreatedAt,
+			&i.LiveClaims,
+			&i.ExpiredClaims,
+			&i.ActiveBackoffs,
+			&i.OldestClaim,
 		); err != nil {
 			return nil, err
 		}

@@ -11,6 +11,45 @@ import (
 	"github.com/google/uuid"
 )
 
+const sessionExpiredList = `-- name: SessionExpiredList :many
+SELECT session_id, component_name, runtime_info, created_at, interval_seconds, deadline FROM sessions WHERE deadline <= now()
+ORDER BY deadline DESC, session_id
+LIMIT $1
+`
+
+// SessionExpiredList returns up to row_limit sessions that have expired
+// and are not collected yet, most recently expired first: their claims are
+// stuck until a takeover or GC.
+func (q *Queries) SessionExpiredList(ctx context.Context, rowLimit int32) ([]Session, error) {
+	rows, err := q.db.QueryContext(ctx, sessionExpiredList, rowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []Session{}
+	for rows.Next() {
+		var i Session
+		if err := rows.Scan(
+			&i.SessionID,
+			&i.ComponentName,
+			&i.RuntimeInfo,
+			&i.CreatedAt,
+			&i.IntervalSeconds,
+			&i.Deadline,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sessionGet = `-- name: SessionGet :one
 SELECT session_id, component_name, runtime_info, created_at, interval_seconds, deadline FROM sessions WHERE session_id = $1
 `

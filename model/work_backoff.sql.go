@@ -58,3 +58,44 @@ func (q *Queries) WorkBackoffForMachine(ctx context.Context, machineID uuid.UUID
 	}
 	return items, nil
 }
+
+const workBackoffWaitingByProcess = `-- name: WorkBackoffWaitingByProcess :many
+SELECT b.process,
+       count(*) FILTER (WHERE b.until > now()) AS in_force,
+       count(*) FILTER (WHERE b.until <= now()) AS due
+FROM work_backoff b
+WHERE NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = b.machine_id AND w.process = b.process)
+GROUP BY b.process ORDER BY b.process
+`
+
+type WorkBackoffWaitingByProcessRow struct {
+	Process string `json:"process"`
+	InForce int64  `json:"in_force"`
+	Due     int64  `json:"due"`
+}
+
+// WorkBackoffWaitingByProcess counts per process the machines with a backoff
+// row and no claim of that process: in_force still wait for their backoff
+// to end, due are past it and wait for a worker to retry them.
+func (q *Queries) WorkBackoffWaitingByProcess(ctx context.Context) ([]WorkBackoffWaitingByProcessRow, error) {
+	rows, err := q.db.QueryContext(ctx, workBackoffWaitingByProcess)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkBackoffWaitingByProcessRow{}
+	for rows.Next() {
+		var i WorkBackoffWaitingByProcessRow
+		if err := rows.Scan(&i.Process, &i.InForce, &i.Due); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

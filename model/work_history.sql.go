@@ -12,6 +12,57 @@ import (
 	"github.com/google/uuid"
 )
 
+const workHistoryEventsPerMinute = `-- name: WorkHistoryEventsPerMinute :many
+SELECT process, event::TEXT AS event, date_trunc('minute', at)::TIMESTAMPTZ AS minute, count(*) AS events
+FROM work_history
+WHERE at >= $1 AND event IN ('Finished', 'Failed', 'Abandoned')
+GROUP BY 1, 2, 3 ORDER BY 3, 1, 2
+LIMIT $2
+`
+
+type WorkHistoryEventsPerMinuteParams struct {
+	Since    time.Time `json:"since"`
+	RowLimit int32     `json:"row_limit"`
+}
+
+type WorkHistoryEventsPerMinuteRow struct {
+	Process string    `json:"process"`
+	Event   string    `json:"event"`
+	Minute  time.Time `json:"minute"`
+	Events  int64     `json:"events"`
+}
+
+// WorkHistoryEventsPerMinute counts the Finished, Failed and Abandoned
+// events per process and minute since a time (pass at most an hour ago):
+// an index range scan on work_history (at), whatever the table's size.
+func (q *Queries) WorkHistoryEventsPerMinute(ctx context.Context, arg WorkHistoryEventsPerMinuteParams) ([]WorkHistoryEventsPerMinuteRow, error) {
+	rows, err := q.db.QueryContext(ctx, workHistoryEventsPerMinute, arg.Since, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkHistoryEventsPerMinuteRow{}
+	for rows.Next() {
+		var i WorkHistoryEventsPerMinuteRow
+		if err := rows.Scan(
+			&i.Process,
+			&i.Event,
+			&i.Minute,
+			&i.Events,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const workHistoryForMachine = `-- name: WorkHistoryForMachine :many
 SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token FROM work_history
 WHERE machine_id = $1
@@ -43,6 +94,48 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 			return nil, err
 		}
 		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workHistoryRecentComponents = `-- name: WorkHistoryRecentComponents :many
+SELECT DISTINCT r.component_name::TEXT AS component_name FROM (
+    SELECT COALESCE(h.component_name, s.component_name, '') AS component_name
+    FROM work_history h LEFT JOIN sessions s ON s.session_id = h.session_id
+    WHERE h.process = $1 AND h.event = 'Started'
+    ORDER BY h.at DESC
+    LIMIT $2
+) r
+ORDER BY 1
+`
+
+type WorkHistoryRecentComponentsParams struct {
+	Process  string `json:"process"`
+	RowLimit int32  `json:"row_limit"`
+}
+
+// WorkHistoryRecentComponents returns the components that started the last
+// row_limit claims of a process: an index range scan on (process, event,
+// at), whatever the table's size.
+func (q *Queries) WorkHistoryRecentComponents(ctx context.Context, arg WorkHistoryRecentComponentsParams) ([]string, error) {
+	rows, err := q.db.QueryContext(ctx, workHistoryRecentComponents, arg.Process, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []string{}
+	for rows.Next() {
+		var component_name string
+		if err := rows.Scan(&component_name); err != nil {
+			return nil, err
+		}
+		items = append(items, component_name)
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err

@@ -15,3 +15,9 @@ ORDER BY until, process;
 -- ActiveBackoffCountsByProcess counts backoffs in force per process.
 SELECT process, count(*) AS backoffs FROM active_backoffs
 GROUP BY process ORDER BY process;
+
+-- name: ActiveBackoffsForMachines :many
+-- ActiveBackoffsForMachines returns the backoffs in force of the given
+-- machines (a page of a machine list), by machine, soonest to end first.
+SELECT * FROM active_backoffs WHERE machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+ORDER BY machine_id, until, process;

@@ -18,3 +18,26 @@ SELECT * FROM work_history
 WHERE process = sqlc.arg(process) AND event = sqlc.arg(event) AND at >= sqlc.arg(since)
 ORDER BY at DESC, id DESC
 LIMIT sqlc.arg(row_limit);
+
+-- name: WorkHistoryEventsPerMinute :many
+-- WorkHistoryEventsPerMinute counts the Finished, Failed and Abandoned
+-- events per process and minute since a time (pass at most an hour ago):
+-- an index range scan on work_history (at), whatever the table's size.
+SELECT process, event::TEXT AS event, date_trunc('minute', at)::TIMESTAMPTZ AS minute, count(*) AS events
+FROM work_history
+WHERE at >= sqlc.arg(since) AND event IN ('Finished', 'Failed', 'Abandoned')
+GROUP BY 1, 2, 3 ORDER BY 3, 1, 2
+LIMIT sqlc.arg(row_limit);
+
+-- name: WorkHistoryRecentComponents :many
+-- WorkHistoryRecentComponents returns the components that started the last
+-- row_limit claims of a process: an index range scan on (process, event,
+-- at), whatever the table's size.
+SELECT DISTINCT r.component_name::TEXT AS component_name FROM (
+    SELECT COALESCE(h.component_name, s.component_name, '') AS component_name
+    FROM work_history h LEFT JOIN sessions s ON s.session_id = h.session_id
+    WHERE h.process = sqlc.arg(process) AND h.event = 'Started'
+    ORDER BY h.at DESC
+    LIMIT sqlc.arg(row_limit)
+) r
+ORDER BY 1;

@@ -2,11 +2,14 @@ package web
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -96,6 +99,74 @@ func TestBrowser(t *testing.T) {
 		shot := filepath.Join(dir, name)
 		os.Remove(shot)
 		browse(t, bin, f.srv.URL+path, "--screenshot="+shot, "--window-size=1280,1100", "--hide-scrollbars")
+		if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
+			t.Errorf("screenshot %s missing or empty: %v", shot, err)
+		} else {
+			t.Logf("screenshot of %s: %s", path, shot)
+		}
+	}
+}
+
+// A frozen worker, as an operator meets it in a browser: its session has
+// expired with a claim. The overview warns and shows the stuck claim, one
+// click reaches the machine, the plots render with data, and the page
+// refreshes itself.
+func TestBrowserStuckWork(t *testing.T) {
+	bin := chromium(t)
+	f := seed(t)
+	f.expire(t)
+	var overviews atomic.Int64 // requests of the overview: the refreshes
+	pages := New(f.db, Options{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/" {
+			overviews.Add(1)
+		}
+		pages.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+
+	// Virtual time lets the refresh timer fire twice within the dump.
+	dom := browse(t, bin, srv.URL+"/", "--dump-dom", "--virtual-time-budget=12000")
+	overview := text(dom)
+	for _, want := range []string{"⚠ 2 machines wait for install-os and no live session of os-installer",
+		"⚠ 1 claims held by expired sessions", "Claims held by expired sessions (1)", "no live sessions: no worker is running"} {
+		if !strings.Contains(overview, want) {
+			t.Errorf("overview as rendered lacks %q:\n%s", want, overview)
+		}
+	}
+	m := regexp.MustCompile(`data-refreshes="(\d+)"`).FindStringSubmatch(dom)
+	if m == nil || m[1] == "0" || overviews.Load() < 2 {
+		t.Errorf("the overview did not refresh itself: body %v, %d requests of /", m, overviews.Load())
+	}
+	if !regexp.MustCompile(`<svg class="plot events"[^>]*>.*<rect class="bar"`).MatchString(dom) ||
+		!regexp.MustCompile(`<svg class="plot ages"[^>]*>.*<rect class="bar"`).MatchString(dom) {
+		t.Errorf("the plots have no bars:\n%s", dom)
+	}
+
+	// One click: the stuck claim's row links its machine.
+	link := regexp.MustCompile(`<tr class="stuck"><td><a href="(/machine/[0-9a-f-]{36})"`).FindStringSubmatch(dom)
+	if link == nil || link[1] != "/machine/"+f.busy.String() {
+		t.Fatalf("the stuck claim does not link its machine: %v", link)
+	}
+	machine := text(browse(t, bin, srv.URL+link[1], "--dump-dom"))
+	for _, want := range []string{"Machine " + f.busy.String(), "install-os", "os-installer", "expired"} {
+		if !strings.Contains(machine, want) {
+			t.Errorf("machine page as rendered lacks %q:\n%s", want, machine)
+		}
+	}
+	list := text(browse(t, bin, srv.URL+"/machines?process=install-os", "--dump-dom"))
+	if !strings.Contains(list, f.busy.String()) || !strings.Contains(list, "expired") {
+		t.Errorf("/machines?process=install-os lacks the expired holder:\n%s", list)
+	}
+
+	dir := artifactDir(t)
+	for name, path := range map[string]string{
+		"stuck-overview.png": "/",
+		"stuck-machines.png": "/machines?process=install-os",
+	} {
+		shot := filepath.Join(dir, name)
+		os.Remove(shot)
+		browse(t, bin, srv.URL+path, "--screenshot="+shot, "--window-size=1280,1600", "--hide-scrollbars")
 		if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
 			t.Errorf("screenshot %s missing or empty: %v", shot, err)
 		} else {

@@ -4,6 +4,21 @@
 //
 //	mux.Handle("/bmdb/", http.StripPrefix("/bmdb", web.New(conn.DB(), web.Options{PathPrefix: "/bmdb"})))
 //
+// Stuck work comes first: the overview shows per process its claims held
+// by expired sessions (stuck until the next takeover or GC) and their age,
+// the oldest live claim, the machines waiting for it (stuck, in or past
+// backoff, and ready per the application's optional app_pending_work
+// view: see ViewPendingWork) and a warning when some wait and no live
+// session of the components that do the process is left. Machine lists
+// say who holds each machine since when and why it is in backoff, and sort
+// by claim age. Times are shown absolute and relative to the database
+// clock; every page refreshes itself every 5 s (a small script fetches the
+// page again and swaps its content; a pause button stops it) and says when
+// it was read. The overview plots, as inline SVG (plots.go), the Finished,
+// Failed and Abandoned events per minute of each process over the last
+// hour (an index range scan on work_history (at)) and the ages of the
+// claims now.
+//
 // It never writes. Every request runs short queries with LIMITs under
 // Options.QueryTimeout; lists page by keyset (no OFFSET scans).
 package web

@@ -412,3 +412,175 @@ func TestNoStages(t *testing.T) {
 		t.Errorf("stage filter without stages: %d %s", status, body)
 	}
 }
+
+// expire ends the seeded session on the database clock, as a frozen
+// worker's would end: its claim of busy is stuck, install-os has no live
+// session.
+func (f *fleet) expire(t *testing.T) {
+	t.Helper()
+	if _, err := f.db.Exec("UPDATE sessions SET deadline = now() - interval '1 second' WHERE session_id = $1", f.sess.ID()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// health returns the overview's health of process.
+func health(t *testing.T, o Overview, process string) ProcessHealth {
+	t.Helper()
+	for _, p := range o.Processes {
+		if p.Process == process {
+			return p
+		}
+	}
+	t.Fatalf("overview has no process %s: %+v", process, o.Processes)
+	return ProcessHealth{}
+}
+
+// While its worker lives, install-os has a live claim, a machine in
+// backoff and no warning; provide has 117 machines pending
+// (app_pending_work) and nobody who ever did it.
+func TestOverviewHealth(t *testing.T) {
+	f := seed(t)
+	var o Overview
+	f.getJSON(t, "/", &o)
+	p := health(t, o, "install-os")
+	if p.LiveClaims != 1 || p.ExpiredClaims != 0 || p.InBackoff != 1 || p.Pending != 1 || p.LiveSessions != 1 ||
+		p.Warning != "" || len(p.Components) != 1 || p.Components[0] != "os-installer" {
+		t.Errorf("install-os health %+v", p)
+	}
+	if p := health(t, o, "provide"); p.Ready != 117 || p.Pending != 117 || p.Warning != "117 machines wait for provide and no component has done it recently" {
+		t.Errorf("provide health %+v", p)
+	}
+	if len(o.Stuck) != 0 || len(o.ExpiredSessions) != 0 || o.Now.IsZero() {
+		t.Errorf("stuck %v, expired sessions %v, now %v", o.Stuck, o.ExpiredSessions, o.Now)
+	}
+	_, body := f.get(t, "/")
+	mustContain(t, "overview", body, `role="alert">⚠ 117 machines wait for provide`, "none: every claim is held by a live session")
+}
+
+// A frozen worker: its session expires with a claim. The overview warns,
+// lists the stuck claim with a link to its machine, and the machine list
+// of the process shows the expired holder.
+func TestStuckWork(t *testing.T) {
+	f := seed(t)
+	f.expire(t)
+	var o Overview
+	f.getJSON(t, "/", &o)
+	p := health(t, o, "install-os")
+	if p.LiveClaims != 0 || p.ExpiredClaims != 1 || p.OldestExpiredAgeSeconds <= 0 || p.InBackoff != 1 || p.Pending != 2 ||
+		p.LiveSessions != 0 || p.Warning != "2 machines wait for install-os and no live session of os-installer" {
+		t.Errorf("install-os health %+v", p)
+	}
+	if len(o.Stuck) != 1 || o.Stuck[0].MachineID != f.busy || o.Stuck[0].Alive || len(o.Sessions) != 0 ||
+		len(o.ExpiredSessions) != 1 || o.ExpiredSessions[0].SessionID != f.sess.ID() {
+		t.Errorf("stuck %+v, live sessions %d, expired sessions %+v", o.Stuck, len(o.Sessions), o.ExpiredSessions)
+	}
+	_, body := f.get(t, "/")
+	mustContain(t, "overview", body,
+		"⚠ 2 machines wait for install-os and no live session of os-installer",
+		"⚠ 1 claims held by expired sessions",
+		`<tr class="stuck"><td><a href="/machine/`+f.busy.String()+`">`,
+		`href="/machines?process=install-os&amp;sort=age">1<`,
+		"no live sessions: no worker is running", "Expired sessions, not collected yet (1)")
+
+	var page Machines
+	f.getJSON(t, "/machines?process=install-os", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != f.busy || len(page.Machines[0].Claims) != 1 ||
+		page.Machines[0].Claims[0].Alive || page.Machines[0].Claims[0].ComponentName != "os-installer" {
+		t.Fatalf("process=install-os: %+v", page)
+	}
+	_, body = f.get(t, "/machines?process=install-os")
+	mustContain(t, "machines of install-os", body, f.busy.String(), `<span class="bad">expired</span>`, `<span class="rel">`)
+}
+
+// Machine lists say who holds each machine since when, and why it is in
+// backoff and for how long; sort=age lists claimed machines oldest first.
+func TestMachineRows(t *testing.T) {
+	f := seed(t)
+	var page Machines
+	f.getJSON(t, "/machines?backoff=install-os", &page)
+	if len(page.Machines) != 1 || len(page.Machines[0].Backoffs) != 1 || page.Machines[0].Backoffs[0].Cause != "PXE timeout" ||
+		page.Machines[0].Backoffs[0].SecondsLeft < 3000 {
+		t.Fatalf("backoff=install-os: %+v", page)
+	}
+	_, body := f.get(t, "/machines?backoff=install-os")
+	mustContain(t, "machines in backoff", body, `install-os: <span class="bad">PXE timeout</span> <span class="rel">ends in 59 m</span>`)
+	_, body = f.get(t, "/machines?process=install-os")
+	mustContain(t, "machines of install-os", body, "install-os<br>", `<span class="ok">alive</span>`, `id="sort-age" href="/machines?process=install-os&amp;sort=age"`)
+
+	// A younger claim of another process on a new machine.
+	var young uuid.UUID
+	if err := f.db.QueryRow("SELECT machine_id FROM machines WHERE machine_id NOT IN ($1, $2, $3) ORDER BY machine_id LIMIT 1",
+		f.busy, f.failed, f.done).Scan(&young); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.sess.Work(context.Background(), "provide", func(*bmdb.Tx) ([]uuid.UUID, error) { return []uuid.UUID{young}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	f.getJSON(t, "/machines?sort=age", &page)
+	if len(page.Machines) != 2 || page.Machines[0].MachineID != f.busy || page.Machines[1].MachineID != young || page.Next != "" {
+		t.Errorf("sort=age: %+v", page)
+	}
+	f.getJSON(t, "/machines?sort=age&process=provide", &page)
+	if len(page.Machines) != 1 || page.Machines[0].MachineID != young {
+		t.Errorf("sort=age&process=provide: %+v", page)
+	}
+	for path, want := range map[string]string{
+		"/machines?sort=size":                           "is not one of",
+		"/machines?sort=age&backoff=x":                  "combine it with process= only",
+		"/machines?sort=age&after=nope_1":               "malformed",
+		"/machines?sort=age&after=1_nope":               "is not a UUID",
+		"/machines?process=" + strings.Repeat("p", 200): "process",
+	} {
+		if status, body := f.get(t, path); status != 400 || !strings.Contains(body, want) {
+			t.Errorf("GET %s: %d %s; want 400 with %q", path, status, body, want)
+		}
+	}
+}
+
+// The plots: events per minute of the last hour per process, and the claim
+// ages now, as inline SVG with a bar per data point.
+func TestPlots(t *testing.T) {
+	f := seed(t)
+	var o Overview
+	f.getJSON(t, "/", &o)
+	if len(o.Events) != 1 || o.Events[0].Process != "install-os" || len(o.Events[0].Finished) != plotMinutes {
+		t.Fatalf("events %+v", o.Events)
+	}
+	e := o.Events[0]
+	if e.Summary() != "1 finished, 1 failed, 0 abandoned" || e.Finished[plotMinutes-1]+e.Finished[plotMinutes-2] != 1 {
+		t.Errorf("install-os events %+v", e)
+	}
+	if len(o.ClaimAges) != len(ageBuckets) || o.ClaimAges.Claims() != 1 || o.ClaimAges[0].Alive+o.ClaimAges[1].Alive != 1 {
+		t.Errorf("claim ages %+v", o.ClaimAges)
+	}
+	_, body := f.get(t, "/")
+	mustContain(t, "overview", body, `<svg class="plot events"`, `aria-label="install-os events per minute"`,
+		" failed, 0 abandoned</title></rect>", `<svg class="plot ages"`, "1 live, 0 held by expired sessions</title></rect>",
+		"Claim ages now (1 claims)")
+	if n := strings.Count(body, `<rect class="bar"`); n != 3 {
+		t.Errorf("%d bars, want 3 (a finished, a failed, a claim)", n)
+	}
+}
+
+// Every page says when it was read and refreshes itself, with a pause.
+func TestRefreshAndTimes(t *testing.T) {
+	f := seed(t)
+	for _, path := range []string{"/", "/machines", "/machine/" + f.busy.String(), "/session/" + f.sess.ID().String()} {
+		_, body := f.get(t, path)
+		mustContain(t, path, body, `<span id="updated" data-now="`, `<button id="pause" type="button">pause</button>`,
+			`fetch(location.href`, `document.body.dataset.refreshes`)
+	}
+	_, body := f.get(t, "/machine/"+f.failed.String())
+	mustContain(t, "failed machine", body, `<span class="rel">in 59 m</span>`, `<span class="rel">now</span>`)
+}
+
+func TestRelative(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		0: "now", 400 * time.Millisecond: "now", -3 * time.Second: "3 s ago", 2*time.Minute + 5*time.Second: "in 2 m",
+		-90 * time.Minute: "1 h ago", 47 * time.Hour: "in 47 h", -72 * time.Hour: "3 d ago",
+	} {
+		if got := relative(d); got != want {
+			t.Errorf("relative(%v) = %q, want %q", d, got, want)
+		}
+	}
+}

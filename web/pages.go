@@ -22,29 +22,54 @@ const (
 	machinesPerPage = 50
 	historyPerPage  = 50
 	recentFailures  = 20
+	stuckClaims     = 50
+	expiredSessions = 20
 )
-
-type count struct {
-	Name  string `json:"name"`
-	Count int64  `json:"count"`
-}
 
 // Overview is the data of the / page.
 type Overview struct {
-	Machines int64 `json:"machines"`
+	// Now is the database's clock when the page was read.
+	Now      time.Time `json:"now"`
+	Machines int64     `json:"machines"`
 	// Stages are the application's stages (see ViewStages); null when it
 	// defines none.
-	Stages   []Stage                 `json:"stages"`
-	Sessions []model.LiveSession     `json:"sessions"`
-	Work     []count                 `json:"work"`
-	Backoffs []count                 `json:"backoffs"`
-	Failures []model.ReadableHistory `json:"recent_failures"`
+	Stages []Stage `json:"stages"`
+	// Processes say, per process, what is stuck or waiting and whether a
+	// live session serves it.
+	Processes []ProcessHealth `json:"processes"`
+	// Stuck are claims held by expired sessions, oldest first (at most
+	// stuckClaims of them).
+	Stuck           []model.CurrentWork `json:"stuck"`
+	Sessions        []model.LiveSession `json:"sessions"`
+	ExpiredSessions []model.Session     `json:"expired_sessions"`
+	// Events are the plotted events per minute over the last hour.
+	Events    []EventRates            `json:"events_per_minute"`
+	ClaimAges ClaimAges               `json:"claim_ages"`
+	Failures  []model.ReadableHistory `json:"recent_failures"`
+}
+
+// Warnings returns the processes' warnings.
+func (o Overview) Warnings() []string {
+	var w []string
+	for _, p := range o.Processes {
+		if p.Warning != "" {
+			w = append(w, p.Warning)
+		}
+	}
+	return w
 }
 
 func (h *Handler) overview(ctx context.Context, _ *http.Request) (any, error) {
 	var o Overview
 	var err error
+	if o.Now, err = h.dbNow(ctx); err != nil {
+		return nil, err
+	}
 	if o.Machines, err = h.q.MachineCount(ctx); err != nil {
+		return nil, err
+	}
+	views, err := ReadAppViews(ctx, h.db)
+	if err != nil {
 		return nil, err
 	}
 	if o.Stages, err = ReadStages(ctx, h.db); err != nil {
@@ -53,28 +78,27 @@ func (h *Handler) overview(ctx context.Context, _ *http.Request) (any, error) {
 	if o.Sessions, err = h.q.LiveSessionsList(ctx); err != nil {
 		return nil, err
 	}
-	work, err := h.q.CurrentWorkCountsByProcess(ctx)
-	if err != nil {
+	if o.ExpiredSessions, err = h.q.SessionExpiredList(ctx, expiredSessions); err != nil {
 		return nil, err
 	}
-	o.Work = []count{}
-	for _, c := range work {
-		o.Work = append(o.Work, count{c.Process, c.Claims})
-	}
-	backoffs, err := h.q.ActiveBackoffCountsByProcess(ctx)
-	if err != nil {
+	if o.Stuck, err = h.q.CurrentWorkExpiredList(ctx, stuckClaims); err != nil {
 		return nil, err
 	}
-	o.Backoffs = []count{}
-	for _, c := range backoffs {
-		o.Backoffs = append(o.Backoffs, count{c.Process, c.Backoffs})
+	if o.Events, err = h.readEventRates(ctx, o.Now); err != nil {
+		return nil, err
 	}
-	since, err := h.dbNow(ctx)
-	if err != nil {
+	var active []string
+	for _, e := range o.Events {
+		active = append(active, e.Process)
+	}
+	if o.Processes, err = h.readHealth(ctx, active, o.Sessions, views); err != nil {
+		return nil, err
+	}
+	if o.ClaimAges, err = h.readClaimAges(ctx); err != nil {
 		return nil, err
 	}
 	o.Failures, err = h.q.ReadableHistoryRecentFailures(ctx, model.ReadableHistoryRecentFailuresParams{
-		Since: since.Add(-time.Hour), RowLimit: recentFailures,
+		Since: o.Now.Add(-time.Hour), RowLimit: recentFailures,
 	})
 	return o, err
 }
@@ -88,15 +112,24 @@ func (h *Handler) dbNow(ctx context.Context) (time.Time, error) {
 
 // MachineFilter selects machines on the /machines page.
 type MachineFilter struct {
-	Stage   string `json:"stage,omitempty"`   // at this stage
-	Process string `json:"process,omitempty"` // with live work of this process
+	Stage string `json:"stage,omitempty"` // at this stage
+	// Process selects machines with a claim of this process, live or held
+	// by an expired session.
+	Process string `json:"process,omitempty"`
 	Backoff string `json:"backoff,omitempty"` // in backoff for this process
+	// Sort is "" (by machine id) or SortAge: claimed machines only, by
+	// their oldest claim (of Process, if set), oldest first.
+	Sort string `json:"sort,omitempty"`
 }
+
+// SortAge is the MachineFilter.Sort that lists claimed machines by the age
+// of their oldest claim.
+const SortAge = "age"
 
 // query returns the filter as URL query parameters.
 func (f MachineFilter) query() string {
 	var parts []string
-	for _, kv := range [][2]string{{"stage", f.Stage}, {"process", f.Process}, {"backoff", f.Backoff}} {
+	for _, kv := range [][2]string{{"stage", f.Stage}, {"process", f.Process}, {"backoff", f.Backoff}, {"sort", f.Sort}} {
 		if kv[1] != "" {
 			parts = append(parts, kv[0]+"="+urlQueryEscape(kv[1]))
 		}
@@ -104,15 +137,22 @@ func (f MachineFilter) query() string {
 	return strings.Join(parts, "&")
 }
 
-// MachineRow is one machine of a list: its claims and backoffs, and its
-// stage if the application defines stages.
+// MachineRow is one machine of a list: its claim and backoff counts, its
+// stage if the application defines stages, and (ListMachines) who holds
+// it since when and why it is in backoff.
 type MachineRow struct {
 	model.MachineOverview
 	Stage string `json:"stage,omitempty"`
+	// Claims are the machine's claims, alive or not, oldest first.
+	Claims []model.CurrentWork `json:"claims,omitempty"`
+	// Backoffs are its backoffs in force, soonest to end first.
+	Backoffs []model.ActiveBackoff `json:"backoffs,omitempty"`
 }
 
 // Machines is the data of the /machines page.
 type Machines struct {
+	// Now is the database's clock when the page was read.
+	Now    time.Time     `json:"now"`
 	Filter MachineFilter `json:"filter"`
 	// Stages names the application's stages, for the filter links; empty
 	// when it defines none.
@@ -124,7 +164,7 @@ type Machines struct {
 
 func (h *Handler) machines(ctx context.Context, r *http.Request) (any, error) {
 	q := r.URL.Query()
-	f := MachineFilter{Stage: q.Get("stage"), Process: q.Get("process"), Backoff: q.Get("backoff")}
+	f := MachineFilter{Stage: q.Get("stage"), Process: q.Get("process"), Backoff: q.Get("backoff"), Sort: q.Get("sort")}
 	stages, err := ReadStages(ctx, h.db)
 	if err != nil {
 		return nil, err
@@ -147,23 +187,81 @@ func (h *Handler) machines(ctx context.Context, r *http.Request) (any, error) {
 			return nil, badRequest("process %q: %v", p, err)
 		}
 	}
-	after := uuid.Nil
-	if a := q.Get("after"); a != "" {
-		var err error
-		if after, err = parseID("after: machine", a); err != nil {
-			return nil, err
-		}
-	}
-	rows, err := ListMachines(ctx, h.db, f, after, machinesPerPage+1, stages != nil)
+	now, err := h.dbNow(ctx)
 	if err != nil {
 		return nil, err
 	}
-	page := Machines{Filter: f, Stages: names, Machines: rows}
+	page := Machines{Now: now, Filter: f, Stages: names}
+	switch f.Sort {
+	case "":
+		err = h.machinesByID(ctx, &page, q.Get("after"), stages != nil)
+	case SortAge:
+		if f.Stage != "" || f.Backoff != "" {
+			return nil, badRequest("sort=%s lists claimed machines: combine it with process= only", SortAge)
+		}
+		err = h.machinesByAge(ctx, &page, q.Get("after"), stages != nil)
+	default:
+		return nil, badRequest("sort %q is not one of \"\", %s", f.Sort, SortAge)
+	}
+	return page, err
+}
+
+// machinesByID fills page with the machines after the machine id after.
+func (h *Handler) machinesByID(ctx context.Context, page *Machines, after string, withStages bool) error {
+	afterID := uuid.Nil
+	if after != "" {
+		var err error
+		if afterID, err = parseID("after: machine", after); err != nil {
+			return err
+		}
+	}
+	rows, err := ListMachines(ctx, h.db, page.Filter, afterID, machinesPerPage+1, withStages)
+	if err != nil {
+		return err
+	}
+	page.Machines = rows
 	if len(rows) > machinesPerPage {
 		page.Machines = rows[:machinesPerPage]
 		page.Next = page.Machines[machinesPerPage-1].MachineID.String()
 	}
-	return page, nil
+	return nil
+}
+
+// machinesByAge fills page with the claimed machines after the cursor
+// after ("UNIXNANO_MACHINEID" of the last oldest claim), oldest first.
+func (h *Handler) machinesByAge(ctx context.Context, page *Machines, after string, withStages bool) error {
+	afterAt, afterID := time.Unix(0, 0), uuid.Nil
+	if after != "" {
+		ns, id, _ := strings.Cut(after, "_")
+		nanos, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil {
+			return badRequest("age cursor %q is malformed", after)
+		}
+		if afterID, err = parseID("after: machine", id); err != nil {
+			return err
+		}
+		afterAt = time.Unix(0, nanos)
+	}
+	rows, err := model.New(h.db).CurrentWorkMachinesByAge(ctx, model.CurrentWorkMachinesByAgeParams{
+		Process: optional(page.Filter.Process), AfterAt: afterAt, AfterID: afterID, RowLimit: machinesPerPage + 1,
+	})
+	if err != nil {
+		return err
+	}
+	overviews := make([]model.MachineOverview, len(rows))
+	for i, r := range rows {
+		overviews[i] = model.MachineOverview{MachineID: r.MachineID, MachineCreatedAt: r.MachineCreatedAt,
+			LiveClaims: r.LiveClaims, ExpiredClaims: r.ExpiredClaims, ActiveBackoffs: r.ActiveBackoffs}
+	}
+	if page.Machines, err = decorate(ctx, h.db, overviews, withStages); err != nil {
+		return err
+	}
+	if len(rows) > machinesPerPage {
+		page.Machines = page.Machines[:machinesPerPage]
+		last := rows[machinesPerPage-1]
+		page.Next = fmt.Sprintf("%d_%s", last.OldestClaim.UnixNano(), last.MachineID)
+	}
+	return nil
 }
 
 // ListMachines returns up to limit machines after after (in machine_id
@@ -178,6 +276,7 @@ func ListMachines(ctx context.Context, db *sql.DB, f MachineFilter, after uuid.U
 		rows, err = model.New(db).MachineOverviewFilter(ctx, model.MachineOverviewFilterParams{
 			AfterID:        after,
 			WorkingProcess: optional(f.Process),
+			IncludeExpired: true,
 			BackoffProcess: optional(f.Backoff),
 			RowLimit:       int32(limit),
 		})
@@ -185,12 +284,38 @@ func ListMachines(ctx context.Context, db *sql.DB, f MachineFilter, after uuid.U
 	if err != nil {
 		return nil, err
 	}
+	return decorate(ctx, db, rows, withStages)
+}
+
+// decorate returns rows as MachineRows with their claims, backoffs in
+// force and (withStages) stages.
+func decorate(ctx context.Context, db *sql.DB, rows []model.MachineOverview, withStages bool) ([]MachineRow, error) {
 	out := make([]MachineRow, len(rows))
 	ids := make([]uuid.UUID, len(rows))
+	byID := make(map[uuid.UUID]*MachineRow, len(rows))
 	for i, r := range rows {
 		out[i].MachineOverview, ids[i] = r, r.MachineID
+		byID[r.MachineID] = &out[i]
 	}
-	if !withStages || len(rows) == 0 {
+	if len(rows) == 0 {
+		return out, nil
+	}
+	q := model.New(db)
+	claims, err := q.CurrentWorkForMachines(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range claims {
+		byID[c.MachineID].Claims = append(byID[c.MachineID].Claims, c)
+	}
+	backoffs, err := q.ActiveBackoffsForMachines(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, b := range backoffs {
+		byID[b.MachineID].Backoffs = append(byID[b.MachineID].Backoffs, b)
+	}
+	if !withStages {
 		return out, nil
 	}
 	stages, err := ReadMachineStages(ctx, db, ids)
@@ -205,7 +330,7 @@ func ListMachines(ctx context.Context, db *sql.DB, f MachineFilter, after uuid.U
 
 // machinesAtStage is MachineOverviewFilter for machines at f.Stage.
 func machinesAtStage(ctx context.Context, db *sql.DB, f MachineFilter, after uuid.UUID, limit int) ([]model.MachineOverview, error) {
-	rs, err := db.QueryContext(ctx, machinesAtStageSQL, f.Stage, after, optional(f.Process), false, optional(f.Backoff), limit)
+	rs, err := db.QueryContext(ctx, machinesAtStageSQL, f.Stage, after, optional(f.Process), true, optional(f.Backoff), limit)
 	if err != nil {
 		return nil, err
 	}
@@ -223,6 +348,8 @@ func machinesAtStage(ctx context.Context, db *sql.DB, f MachineFilter, after uui
 
 // Machine is the data of the /machine/{id} page.
 type Machine struct {
+	// Now is the database's clock when the page was read.
+	Now    time.Time  `json:"now"`
 	Status MachineRow `json:"status"`
 	// Tags are the application's tags of the machine (see ViewMachineTags);
 	// null when it defines none.
@@ -245,6 +372,9 @@ func (h *Handler) machine(ctx context.Context, r *http.Request) (any, error) {
 		return nil, err
 	}
 	var m Machine
+	if m.Now, err = h.dbNow(ctx); err != nil {
+		return nil, err
+	}
 	m.Status.MachineOverview, err = h.q.MachineOverviewGet(ctx, id)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, notFound("no machine %s", id)
@@ -304,7 +434,9 @@ func parseCursor(s string) (time.Time, int64, error) {
 
 // Session is the data of the /session/{id} page.
 type Session struct {
-	ID uuid.UUID `json:"session_id"`
+	// Now is the database's clock when the page was read.
+	Now time.Time `json:"now"`
+	ID  uuid.UUID `json:"session_id"`
 	// Row is nil once the session has expired and been collected; its
 	// history remains.
 	Row     *model.Session          `json:"session"`
@@ -335,12 +467,11 @@ func (h *Handler) session(ctx context.Context, r *http.Request) (any, error) {
 	if s.Row == nil && len(s.History) == 0 {
 		return nil, notFound("no session %s", id)
 	}
+	if s.Now, err = h.dbNow(ctx); err != nil {
+		return nil, err
+	}
 	if s.Row != nil {
-		now, err := h.dbNow(ctx)
-		if err != nil {
-			return nil, err
-		}
-		s.Alive = s.Row.Deadline.After(now)
+		s.Alive = s.Row.Deadline.After(s.Now)
 	}
 	return s, nil
 }

@@ -20,6 +20,11 @@ import (
 //	    each machine's stage
 //	app_machine_tags (machine_id UUID, tag TEXT, value TEXT, at TIMESTAMPTZ)
 //	    optional: what the application knows of a machine, for its page
+//	app_pending_work (process TEXT, machine_id UUID)
+//	    optional: the machines that need a process now, claimed or not, in
+//	    backoff or not (what its retrieval would find, before bmdb excludes
+//	    claims and backoffs); the overview counts those nobody works on
+//	    among the machines waiting for the process
 //
 // Without them the pages show what bmdb knows of every application: claims,
 // backoffs, history and sessions. bmdbctl reads the same views.
@@ -27,12 +32,20 @@ const (
 	ViewStages        = "app_stages"
 	ViewMachineStages = "app_machine_stages"
 	ViewMachineTags   = "app_machine_tags"
+	ViewPendingWork   = "app_pending_work"
 )
 
 // Queries of the application's views: constant text, parameters as values.
 const (
 	appViewsSQL = `SELECT table_name FROM information_schema.tables
-WHERE table_schema = current_schema() AND table_name IN ('app_stages', 'app_machine_stages', 'app_machine_tags')`
+WHERE table_schema = current_schema() AND table_name IN ('app_stages', 'app_machine_stages', 'app_machine_tags', 'app_pending_work')`
+	// readyWorkSQL counts per process the machines of app_pending_work with
+	// neither a claim nor a backoff row of that process: those wait for a
+	// worker and are counted nowhere else.
+	readyWorkSQL = `SELECT a.process, count(DISTINCT a.machine_id) FROM app_pending_work a
+WHERE NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = a.machine_id AND w.process = a.process)
+  AND NOT EXISTS (SELECT 1 FROM work_backoff b WHERE b.machine_id = a.machine_id AND b.process = a.process)
+GROUP BY a.process ORDER BY a.process`
 	stageCountsSQL = `SELECT s.stage, s.position, s.description, count(ms.machine_id)
 FROM app_stages s LEFT JOIN app_machine_stages ms ON ms.stage = s.stage
 GROUP BY s.stage, s.position, s.description
@@ -63,8 +76,9 @@ type Stage struct {
 
 // AppViews says which of the application's views a database has.
 type AppViews struct {
-	Stages bool // app_stages and app_machine_stages
-	Tags   bool // app_machine_tags
+	Stages  bool // app_stages and app_machine_stages
+	Tags    bool // app_machine_tags
+	Pending bool // app_pending_work
 }
 
 // ReadAppViews reports which of the application's views db has.
@@ -85,7 +99,7 @@ func ReadAppViews(ctx context.Context, db *sql.DB) (AppViews, error) {
 	if err := rows.Err(); err != nil {
 		return AppViews{}, err
 	}
-	return AppViews{Stages: have[ViewStages] && have[ViewMachineStages], Tags: have[ViewMachineTags]}, nil
+	return AppViews{Stages: have[ViewStages] && have[ViewMachineStages], Tags: have[ViewMachineTags], Pending: have[ViewPendingWork]}, nil
 }
 
 // ReadStages returns the application's stages in order, with their machine
@@ -165,4 +179,24 @@ func uuidStrings(ids []uuid.UUID) []string {
 		s[i] = id.String()
 	}
 	return s
+}
+
+// readReadyWork returns per process the number of machines that need it
+// (app_pending_work) and that nobody works on: no claim, no backoff.
+func readReadyWork(ctx context.Context, db *sql.DB) (map[string]int64, error) {
+	rows, err := db.QueryContext(ctx, readyWorkSQL)
+	if err != nil {
+		return nil, fmt.Errorf("web: reading %s: %w", ViewPendingWork, err)
+	}
+	defer rows.Close()
+	ready := map[string]int64{}
+	for rows.Next() {
+		var process string
+		var n int64
+		if err := rows.Scan(&process, &n); err != nil {
+			return nil, err
+		}
+		ready[process] = n
+	}
+	return ready, rows.Err()
 }

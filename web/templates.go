@@ -36,6 +36,12 @@ var funcs = template.FuncMap{
 		}
 		return fmt.Sprintf("%.1fh", d.Hours())
 	},
+	// rel says when t is from now: "3 s ago", "in 2 m".
+	"rel": func(now, t time.Time) string { return relative(t.Sub(now)) },
+	// left says when something ends secs from now: "in 2 m".
+	"left": func(secs float64) string { return relative(time.Duration(secs * float64(time.Second))) },
+	// ago says when something began secs ago: "3 s ago".
+	"ago":   func(secs float64) string { return relative(-time.Duration(secs * float64(time.Second))) },
 	"short": func(id uuid.UUID) string { return id.String()[:8] },
 	"query": urlQueryEscape,
 	// filterQuery renders a machine filter as query parameters ending in &.
@@ -45,6 +51,32 @@ var funcs = template.FuncMap{
 		}
 		return ""
 	},
+}
+
+// relative renders d, an offset from now, as people say it: "3 s ago",
+// "in 2 m", "now".
+func relative(d time.Duration) string {
+	past := d < 0
+	if past {
+		d = -d
+	}
+	var s string
+	switch {
+	case d < time.Second:
+		return "now"
+	case d < time.Minute:
+		s = fmt.Sprintf("%d s", int(d.Seconds()))
+	case d < time.Hour:
+		s = fmt.Sprintf("%d m", int(d.Minutes()))
+	case d < 48*time.Hour:
+		s = fmt.Sprintf("%d h", int(d.Hours()))
+	default:
+		s = fmt.Sprintf("%d d", int(d.Hours()/24))
+	}
+	if past {
+		return s + " ago"
+	}
+	return "in " + s
 }
 
 func urlQueryEscape(s string) string { return url.QueryEscape(s) }

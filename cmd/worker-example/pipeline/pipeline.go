@@ -10,8 +10,8 @@
 //	pipelinedb/   the generated package (never edited; make generate)
 //	pipeline.go   the stages: process names, retrievals, commits
 //
-// Its migration also defines the stage views bmdb's web pages and bmdbctl
-// read (app_stages, app_machine_stages, app_machine_tags).
+// Its migrations also define the views bmdb's web pages and bmdbctl read
+// (app_stages, app_machine_stages, app_machine_tags, app_pending_work).
 package pipeline
 
 import (

@@ -80,6 +80,11 @@ type AppMachineTag struct {
 	At        time.Time `json:"at"`
 }
 
+type AppPendingWork struct {
+	Process   string    `json:"process"`
+	MachineID uuid.UUID `json:"machine_id"`
+}
+
 type AppStage struct {
 	Stage       string `json:"stage"`
 	Position    int64  `json:"position"`

@@ -1,0 +1,218 @@
+package web
+
+import (
+	"context"
+	"fmt"
+	"html/template"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/bmdb-dev/bmdb/model"
+)
+
+// The plots are SVG rendered here, inline in the page: no script, no
+// external asset. Their queries are bounded: the last hour of work_history
+// by its (at) index, and the claims (one row per claim in flight).
+const (
+	plotMinutes = 60
+	// plotRowLimit bounds the events query: minutes × events × processes.
+	plotRowLimit = plotMinutes * 3 * 100
+)
+
+// Plot colours, one per event and claim state.
+const (
+	colorFinished  = "#2e8b57"
+	colorFailed    = "#c0392b"
+	colorAbandoned = "#e67e22"
+	colorAlive     = "#3b6fb6"
+)
+
+// EventRates are one process's Finished, Failed and Abandoned events per
+// minute over the last hour, oldest minute first.
+type EventRates struct {
+	Process   string    `json:"process"`
+	Since     time.Time `json:"since"` // the first minute
+	Finished  []int64   `json:"finished"`
+	Failed    []int64   `json:"failed"`
+	Abandoned []int64   `json:"abandoned"`
+}
+
+// readEventRates returns the event rates of every process with events in
+// the hour before now, by process.
+func (h *Handler) readEventRates(ctx context.Context, now time.Time) ([]EventRates, error) {
+	since := now.Truncate(time.Minute).Add(-(plotMinutes - 1) * time.Minute)
+	rows, err := h.q.WorkHistoryEventsPerMinute(ctx, model.WorkHistoryEventsPerMinuteParams{Since: since, RowLimit: plotRowLimit})
+	if err != nil {
+		return nil, err
+	}
+	byProcess := map[string]*EventRates{}
+	out := []EventRates{}
+	for _, r := range rows {
+		e := byProcess[r.Process]
+		if e == nil {
+			e = &EventRates{Process: r.Process, Since: since,
+				Finished: make([]int64, plotMinutes), Failed: make([]int64, plotMinutes), Abandoned: make([]int64, plotMinutes)}
+			byProcess[r.Process] = e
+		}
+		i := int(r.Minute.Sub(since) / time.Minute)
+		if i < 0 || i >= plotMinutes {
+			continue
+		}
+		switch r.Event {
+		case "Finished":
+			e.Finished[i] += r.Events
+		case "Failed":
+			e.Failed[i] += r.Events
+		case "Abandoned":
+			e.Abandoned[i] += r.Events
+		}
+	}
+	for _, e := range byProcess {
+		out = append(out, *e)
+	}
+	slices.SortFunc(out, func(a, b EventRates) int { return strings.Compare(a.Process, b.Process) })
+	return out, nil
+}
+
+// Summary says how many events of each kind the hour had.
+func (e EventRates) Summary() string {
+	var finished, failed, abandoned int64
+	for i := range e.Finished {
+		finished, failed, abandoned = finished+e.Finished[i], failed+e.Failed[i], abandoned+e.Abandoned[i]
+	}
+	return fmt.Sprintf("%d finished, %d failed, %d abandoned", finished, failed, abandoned)
+}
+
+// SVG renders the rates as stacked bars, one per minute.
+func (e EventRates) SVG() template.HTML {
+	const w, h, top, bottom, left = 620, 110, 14, 18, 34
+	barW := float64(w-left) / plotMinutes
+	var most int64 = 1
+	for i := range e.Finished {
+		most = max(most, e.Finished[i]+e.Failed[i]+e.Abandoned[i])
+	}
+	scale := float64(h-top-bottom) / float64(most)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="plot events" xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="%s events per minute">`,
+		w, h, w, h, template.HTMLEscapeString(e.Process))
+	axes(&b, w, h, top, bottom, left, most)
+	for i := range e.Finished {
+		x := float64(left) + float64(i)*barW
+		y := float64(h - bottom)
+		minute := e.Since.Add(time.Duration(i) * time.Minute).UTC().Format("15:04")
+		tip := fmt.Sprintf("%s: %d finished, %d failed, %d abandoned", minute, e.Finished[i], e.Failed[i], e.Abandoned[i])
+		for _, seg := range []struct {
+			n     int64
+			color string
+		}{{e.Finished[i], colorFinished}, {e.Failed[i], colorFailed}, {e.Abandoned[i], colorAbandoned}} {
+			if seg.n == 0 {
+				continue
+			}
+			hh := float64(seg.n) * scale
+			y -= hh
+			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`,
+				x+0.5, y, barW-1, hh, seg.color, template.HTMLEscapeString(tip))
+		}
+	}
+	for _, tick := range []struct {
+		x             float64
+		anchor, label string
+	}{{left, "start", "−60 m"}, {float64(left) + 30*barW, "middle", "−30 m"}, {w, "end", "now"}} {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" fill="#6b7280" text-anchor="%s">%s</text>`, tick.x, h-4, tick.anchor, tick.label)
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String())
+}
+
+// axes draws the y axis of a bar chart whose tallest bar is most.
+func axes(b *strings.Builder, w, h, top, bottom, left int, most int64) {
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#9aa3af"/>`, left, h-bottom, w, h-bottom)
+	fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#e3e6eb"/>`, left, top, w, top)
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="10" fill="#6b7280" text-anchor="end">%d</text>`, left-4, top+4, most)
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="10" fill="#6b7280" text-anchor="end">0</text>`, left-4, h-bottom)
+}
+
+// ageBuckets are the labels of CurrentWorkAgeHistogram's buckets, in
+// order; the bounds are in that query.
+var ageBuckets = []string{"<10 s", "10–30 s", "30 s–1 m", "1–5 m", "5–15 m", "15 m–1 h", "1–6 h", "≥6 h"}
+
+// AgeBucket is one bar of the claim age distribution.
+type AgeBucket struct {
+	Label   string `json:"label"`
+	Alive   int64  `json:"alive"`
+	Expired int64  `json:"expired"` // held by expired sessions
+}
+
+// ClaimAges is the distribution of the ages of the claims now, youngest
+// bucket first.
+type ClaimAges []AgeBucket
+
+// readClaimAges returns the age distribution of the claims now.
+func (h *Handler) readClaimAges(ctx context.Context) (ClaimAges, error) {
+	rows, err := h.q.CurrentWorkAgeHistogram(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(ClaimAges, len(ageBuckets))
+	for i, l := range ageBuckets {
+		out[i].Label = l
+	}
+	for _, r := range rows {
+		if r.Bucket < 0 || int(r.Bucket) >= len(out) {
+			continue
+		}
+		if r.Alive {
+			out[r.Bucket].Alive += r.Claims
+		} else {
+			out[r.Bucket].Expired += r.Claims
+		}
+	}
+	return out, nil
+}
+
+// Claims returns the number of claims.
+func (c ClaimAges) Claims() int64 {
+	var n int64
+	for _, b := range c {
+		n += b.Alive + b.Expired
+	}
+	return n
+}
+
+// SVG renders the distribution as bars, live claims below expired ones.
+func (c ClaimAges) SVG() template.HTML {
+	const w, h, top, bottom, left = 620, 140, 16, 22, 34
+	barW := float64(w-left) / float64(len(c))
+	var most int64 = 1
+	for _, a := range c {
+		most = max(most, a.Alive+a.Expired)
+	}
+	scale := float64(h-top-bottom) / float64(most)
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="plot ages" xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" role="img" aria-label="claim ages">`, w, h, w, h)
+	axes(&b, w, h, top, bottom, left, most)
+	for i, a := range c {
+		x := float64(left) + float64(i)*barW
+		y := float64(h - bottom)
+		tip := fmt.Sprintf("%s: %d live, %d held by expired sessions", a.Label, a.Alive, a.Expired)
+		for _, seg := range []struct {
+			n     int64
+			color string
+		}{{a.Alive, colorAlive}, {a.Expired, colorFailed}} {
+			if seg.n == 0 {
+				continue
+			}
+			hh := float64(seg.n) * scale
+			y -= hh
+			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`,
+				x+4, y, barW-8, hh, seg.color, template.HTMLEscapeString(tip))
+		}
+		if n := a.Alive + a.Expired; n > 0 {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="10" text-anchor="middle">%d</text>`, x+barW/2, y-3, n)
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" font-size="10" fill="#6b7280" text-anchor="middle">%s</text>`, x+barW/2, h-6, template.HTMLEscapeString(a.Label))
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String())
+}
