@@ -129,7 +129,7 @@ func TestBrowserStuckWork(t *testing.T) {
 	dom := browse(t, bin, srv.URL+"/", "--dump-dom", "--virtual-time-budget=12000")
 	overview := text(dom)
 	for _, want := range []string{"⚠ 2 machines wait for install-os and no live session of os-installer",
-		"⚠ 1 claims held by expired sessions", "Claims held by expired sessions (1)", "no live sessions: no worker is running"} {
+		"⚠ 1 claim held by expired sessions", "Claims held by expired sessions (1)", "no live sessions: no worker is running"} {
 		if !strings.Contains(overview, want) {
 			t.Errorf("overview as rendered lacks %q:\n%s", want, overview)
 		}

@@ -477,7 +477,7 @@ func TestStuckWork(t *testing.T) {
 	_, body := f.get(t, "/")
 	mustContain(t, "overview", body,
 		"⚠ 2 machines wait for install-os and no live session of os-installer",
-		"⚠ 1 claims held by expired sessions",
+		"⚠ 1 claim held by expired sessions",
 		`<tr class="stuck"><td><a href="/machine/`+f.busy.String()+`">`,
 		`href="/machines?process=install-os&amp;sort=age">1<`,
 		"no live sessions: no worker is running", "Expired sessions, not collected yet (1)")
@@ -556,7 +556,7 @@ func TestPlots(t *testing.T) {
 	_, body := f.get(t, "/")
 	mustContain(t, "overview", body, `<svg class="plot events"`, `aria-label="install-os events per minute"`,
 		" failed, 0 abandoned</title></rect>", `<svg class="plot ages"`, "1 live, 0 held by expired sessions</title></rect>",
-		"Claim ages now (1 claims)")
+		"Claim ages now (1 claim)")
 	if n := strings.Count(body, `<rect class="bar"`); n != 3 {
 		t.Errorf("%d bars, want 3 (a finished, a failed, a claim)", n)
 	}

@@ -43,6 +43,13 @@ var funcs = template.FuncMap{
 	// ago says when something began secs ago: "3 s ago".
 	"ago":   func(secs float64) string { return relative(-time.Duration(secs * float64(time.Second))) },
 	"short": func(id uuid.UUID) string { return id.String()[:8] },
+	// count says n things: "1 claim", "3 claims".
+	"count": func(n any, thing string) string {
+		if s := fmt.Sprint(n); s != "1" {
+			return s + " " + thing + "s"
+		}
+		return "1 " + thing
+	},
 	"query": urlQueryEscape,
 	// filterQuery renders a machine filter as query parameters ending in &.
 	"filterQuery": func(f MachineFilter) template.URL {

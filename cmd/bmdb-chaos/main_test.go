@@ -61,7 +61,7 @@ func TestChaosCI(t *testing.T) {
 
 // The worker flags survive the round trip from harness to worker process.
 func TestWorkerArgs(t *testing.T) {
-	want := chaos.WorkerConfig{DSN: "postgres://x", ID: 3, Seed: 7, Interval: 1e9, GCPeriod: 2e9, Concurrency: 2, WorkMin: 1e8, WorkMax: 2e8}
+	want := chaos.WorkerConfig{DSN: "postgres://x", ID: 3, Seed: 7, Interval: 1e9, GCPeriod: 2e9, Concurrency: 2, Connections: 2, WorkMin: 1e8, WorkMax: 2e8}
 	got, err := chaos.ParseWorkerFlags(want.Args())
 	if err != nil || got != want {
 		t.Fatalf("ParseWorkerFlags(Args()) = %+v, %v; want %+v", got, err, want)

@@ -19,8 +19,8 @@ WITH gone AS (
     WHERE work.session_id = ANY ($1::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned', statement_timestamp(),
        (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
 FROM gone
 RETURNING work_history.process
@@ -29,7 +29,10 @@ RETURNING work_history.process
 // WorkAbandonOfSessions removes every claim of the given (expired, locked)
 // sessions, recording Abandoned history with each claim's id, and returns
 // the process of each. GC and takeovers run it between SessionLock... and
-// SessionDeleteMany, in one transaction.
+// SessionDeleteMany, in one transaction. The rows' time is this
+// statement's, not the transaction's start: the locks judged the sessions
+// expired by their statements' clock, so an Abandoned row is never dated
+// before its session's deadline.
 func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.UUID) ([]string, error) {
 	rows, err := q.query(ctx, q.workAbandonOfSessionsStmt, workAbandonOfSessions, pq.Array(sessionIds))
 	if err != nil {
@@ -245,9 +248,9 @@ WITH ended AS (
     DELETE FROM work WHERE work.session_id = $3
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
-       $2::TEXT, ended.claim_id
+       statement_timestamp(), $2::TEXT, ended.claim_id
 FROM ended
 RETURNING work_history.process
 `
@@ -260,7 +263,8 @@ type WorkEndSessionParams struct {
 
 // WorkEndSession removes every claim of a session, recording the given event
 // (Canceled when the session closes cleanly, Abandoned when it had expired),
-// and returns the process of each.
+// and returns the process of each. The rows are dated by this statement's
+// clock, like the check that found the session expired (or alive).
 func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) ([]string, error) {
 	rows, err := q.query(ctx, q.workEndSessionStmt, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
 	if err != nil {

@@ -46,14 +46,15 @@ RETURNING work_history.claim_id, work_history.fencing_token;
 -- name: WorkEndSession :many
 -- WorkEndSession removes every claim of a session, recording the given event
 -- (Canceled when the session closes cleanly, Abandoned when it had expired),
--- and returns the process of each.
+-- and returns the process of each. The rows are dated by this statement's
+-- clock, like the check that found the session expired (or alive).
 WITH ended AS (
     DELETE FROM work WHERE work.session_id = sqlc.arg(session_id)
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
-       sqlc.arg(component_name)::TEXT, ended.claim_id
+       statement_timestamp(), sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended
 RETURNING work_history.process;
 
@@ -61,14 +62,17 @@ RETURNING work_history.process;
 -- WorkAbandonOfSessions removes every claim of the given (expired, locked)
 -- sessions, recording Abandoned history with each claim's id, and returns
 -- the process of each. GC and takeovers run it between SessionLock... and
--- SessionDeleteMany, in one transaction.
+-- SessionDeleteMany, in one transaction. The rows' time is this
+-- statement's, not the transaction's start: the locks judged the sessions
+-- expired by their statements' clock, so an Abandoned row is never dated
+-- before its session's deadline.
 WITH gone AS (
     DELETE FROM work
     WHERE work.session_id = ANY (sqlc.arg(session_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned',
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned', statement_timestamp(),
        (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
 FROM gone
 RETURNING work_history.process;
