@@ -58,8 +58,8 @@ func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.U
 
 const workClaimMany = `-- name: WorkClaimMany :many
 WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id)
-    SELECT c.machine_id, $2::TEXT, $3::UUID
+    INSERT INTO work (machine_id, process, session_id, started_at)
+    SELECT c.machine_id, $2::TEXT, $3::UUID, statement_timestamp()
     FROM unnest($4::UUID[]) AS c (machine_id)
     WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
@@ -191,9 +191,9 @@ WITH ended AS (
     SELECT ($5::UUID[])[i] AS machine_id, ($7::TEXT[])[i] AS cause
     FROM generate_series(1, array_length($5::UUID[], 1)) AS i
 )
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
-       NULLIF(causes.cause, ''), $2::TEXT, ended.claim_id
+       statement_timestamp(), NULLIF(causes.cause, ''), $2::TEXT, ended.claim_id
 FROM ended JOIN causes ON causes.machine_id = ended.machine_id
 RETURNING work_history.machine_id
 `
@@ -300,9 +300,9 @@ WITH ended AS (
       AND work_backoff.process = $3
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT,
-       ended.claim_id
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
+       $1::TEXT, ended.claim_id
 FROM ended
 `
 
@@ -344,9 +344,9 @@ WITH ended AS (
       AND work_backoff.process = $2::TEXT
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', $1::TEXT,
-       ended.claim_id
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
+       $1::TEXT, ended.claim_id
 FROM ended
 RETURNING work_history.machine_id
 `
@@ -418,8 +418,8 @@ func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) 
 
 const workStart = `-- name: WorkStart :one
 WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id)
-    VALUES ($2, $3, $4)
+    INSERT INTO work (machine_id, process, session_id, started_at)
+    VALUES ($2, $3, $4, statement_timestamp())
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
     INSERT INTO work_fencing (machine_id, process, token)
@@ -449,7 +449,10 @@ type WorkStartRow struct {
 // WorkStart inserts the claim of (machine, process) for a session together
 // with its Started history row and its fencing token (work_fencing, one
 // more than the previous claim's), and returns the claim's id and token. A
-// claim in place makes it fail with a unique violation.
+// claim in place makes it fail with a unique violation. Like every claim and
+// end statement, it dates its rows by statement_timestamp(), not by the
+// transaction's start: sorted by time, a machine's history is the order of
+// its events (a takeover's Abandoned before the new claim's Started).
 func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (WorkStartRow, error) {
 	row := q.queryRow(ctx, q.workStartStmt, workStart,
 		arg.ComponentName,

@@ -26,10 +26,13 @@ SELECT
 -- WorkStart inserts the claim of (machine, process) for a session together
 -- with its Started history row and its fencing token (work_fencing, one
 -- more than the previous claim's), and returns the claim's id and token. A
--- claim in place makes it fail with a unique violation.
+-- claim in place makes it fail with a unique violation. Like every claim and
+-- end statement, it dates its rows by statement_timestamp(), not by the
+-- transaction's start: sorted by time, a machine's history is the order of
+-- its events (a takeover's Abandoned before the new claim's Started).
 WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id)
-    VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id))
+    INSERT INTO work (machine_id, process, session_id, started_at)
+    VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id), statement_timestamp())
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
     INSERT INTO work_fencing (machine_id, process, token)
@@ -93,8 +96,8 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 -- through it. A concurrent claim of the same machine fails one of them
 -- with 40001.
 WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id)
-    SELECT c.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID
+    INSERT INTO work (machine_id, process, session_id, started_at)
+    SELECT c.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
     FROM unnest(sqlc.arg(machine_ids)::UUID[]) AS c (machine_id)
     WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
@@ -132,9 +135,9 @@ WITH ended AS (
       AND work_backoff.process = sqlc.arg(process)::TEXT
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT,
-       ended.claim_id
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
+       sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended
 RETURNING work_history.machine_id;
 
@@ -153,9 +156,9 @@ WITH ended AS (
       AND work_backoff.process = sqlc.arg(process)
     RETURNING work_backoff.machine_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', sqlc.arg(component_name)::TEXT,
-       ended.claim_id
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
+       sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended;
 
 -- name: WorkEndMany :many
@@ -173,8 +176,8 @@ WITH ended AS (
     SELECT (sqlc.arg(machine_ids)::UUID[])[i] AS machine_id, (sqlc.arg(causes)::TEXT[])[i] AS cause
     FROM generate_series(1, array_length(sqlc.arg(machine_ids)::UUID[], 1)) AS i
 )
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
-       NULLIF(causes.cause, ''), sqlc.arg(component_name)::TEXT, ended.claim_id
+       statement_timestamp(), NULLIF(causes.cause, ''), sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended JOIN causes ON causes.machine_id = ended.machine_id
 RETURNING work_history.machine_id;
