@@ -86,6 +86,7 @@ func (e *env) startedPerTransaction(s *Session) []int {
 func TestConcurrentWorksShareATransaction(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c) // choreographed: no injected failures in cockroach mode
 	s := e.session(c)
 	const n = 12
 	machines := make([]uuid.UUID, n)
@@ -130,6 +131,7 @@ func TestConcurrentWorksShareATransaction(t *testing.T) {
 func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c) // choreographed: no injected failures in cockroach mode
 	s := e.session(c)
 	const n = 8
 	machines := make([]uuid.UUID, n+1)
@@ -211,6 +213,7 @@ func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 func TestQueuedCallLeavesOnCancel(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c) // choreographed: no injected failures in cockroach mode
 	s := e.session(c)
 	a, b := e.machine(), e.machine()
 	hold := newLatch()
@@ -245,6 +248,7 @@ func TestQueuedCallLeavesOnCancel(t *testing.T) {
 func TestCloseRacingAGroup(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 2 * time.Second })
+	exact(c) // choreographed: no injected failures in cockroach mode
 	s, err := c.StartSession(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -291,6 +295,7 @@ func TestCloseRacingAGroup(t *testing.T) {
 func TestFinishWithCommitGroup(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c) // choreographed: no injected failures in cockroach mode
 	s := e.session(c)
 	machines := make([]uuid.UUID, 6)
 	for i := range machines {
