@@ -427,8 +427,8 @@ func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 	}
 }
 
-// lost reports whether err says the claim is gone (or already ended, by a
-// FinishAll that found it lost).
+// lost reports whether err says the claim is gone, or already ended
+// (ErrWorkDone: an earlier end found it gone).
 func lost(err error) bool {
 	return errors.Is(err, bmdb.ErrWorkLost) || errors.Is(err, bmdb.ErrSessionExpired) ||
 		errors.Is(err, bmdb.ErrSessionClosed) || errors.Is(err, bmdb.ErrWorkDone)
