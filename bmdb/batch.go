@@ -125,10 +125,10 @@ func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group
 	if len(ended) < len(ids) {
 		got := make(map[uuid.UUID]bool, len(ended))
 		for _, id := range ended {
-			got[id] = true
+			got[id.UUID] = true
 		}
 		for _, w := range group {
-			if !got[w.machine] {
+			if !got[w.claimID] {
 				return w, nil
 			}
 		}

@@ -59,9 +59,13 @@ func (s *Session) claimGrouped(ctx context.Context, process string, r *claimRequ
 func (s *Session) runClaimGroup(process string, g *group[*claimRequest]) {
 	err := s.claimFor(g.ctx, process, func() []*claimRequest { return requests(g.grow()) })
 	reqs := requests(g.members)
-	if len(reqs) > 1 && isolate(err) {
+	if len(reqs) > 1 && g.isolate(err) {
 		for _, r := range reqs {
-			r.err = s.claimFor(g.ctx, process, func() []*claimRequest { return []*claimRequest{r} })
+			// On success r's result is its own (claims, or its
+			// ErrNothingToDo or ErrWorkConflict).
+			if err := s.claimFor(g.ctx, process, func() []*claimRequest { return []*claimRequest{r} }); err != nil {
+				r.claims, r.abandoned, r.err = nil, nil, err
+			}
 		}
 		return
 	}
@@ -83,7 +87,7 @@ func requests[R any](members []*member[R]) []R {
 
 // claimFor runs one claim transaction, for the requests that members
 // returns at the start of each attempt, and sets their results; it returns
-// the transaction's error, after which the results are unset.
+// the transaction's error, after which the results are not to be used.
 func (s *Session) claimFor(ctx context.Context, process string, members func() []*claimRequest) error {
 	var reqs []*claimRequest
 	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {

@@ -20,7 +20,8 @@ import (
 // and meant to be reused for every Finish of a kind.
 type CommitGroup struct {
 	// Commit applies the results of works inside tx; like Finish's commit,
-	// it may run several times and must wrap errors with %w. If it fails,
+	// it may run several times, must wrap errors with %w, and must not call
+	// Work or the ends of the same session. If it fails,
 	// the Works are finished one at a time (Commit called with one Work
 	// each), so that only the failing ones fail. Required.
 	Commit func(tx *Tx, works []*Work) error
@@ -53,7 +54,7 @@ func (s *Session) endGrouped(ctx context.Context, r *endRequest) error {
 func (s *Session) runEndGroup(g *group[*endRequest]) {
 	err := s.endFor(g.ctx, func() []*endRequest { return requests(g.grow()) })
 	reqs := requests(g.members)
-	if len(reqs) > 1 && isolate(err) {
+	if len(reqs) > 1 && g.isolate(err) {
 		for _, r := range reqs {
 			if err := s.endFor(g.ctx, func() []*endRequest { return []*endRequest{r} }); err != nil {
 				r.err = err
@@ -265,20 +266,17 @@ func endKeys(reqs []*endRequest) (machines, claims []uuid.UUID) {
 	return machines, claims
 }
 
-// markLost gives ErrWorkLost to the members whose machine is not in ended,
-// and returns the machines that are.
-func markLost(reqs []*endRequest, ended []uuid.UUID) []uuid.UUID {
+// markLost gives ErrWorkLost to the members whose claim is not among the
+// claims ended. Claims, not machines: a session may end a stale Work and a
+// newer claim of the same machine in one group.
+func markLost(reqs []*endRequest, ended []uuid.NullUUID) {
 	got := make(map[uuid.UUID]bool, len(ended))
-	for _, m := range ended {
-		got[m] = true
+	for _, c := range ended {
+		got[c.UUID] = true
 	}
-	var held []uuid.UUID
 	for _, r := range reqs {
-		if got[r.w.machine] {
-			held = append(held, r.w.machine)
-		} else {
+		if !got[r.w.claimID] {
 			r.err = r.w.lostError()
 		}
 	}
-	return held
 }

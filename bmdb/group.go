@@ -3,6 +3,7 @@ package bmdb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -100,6 +101,15 @@ func (q *queue[R]) runGroup(run func(g *group[R])) {
 	g := &group[R]{q: q}
 	g.grow()
 	defer func() {
+		if p := recover(); p != nil {
+			// A callback of one member panicked on this goroutine: the
+			// others get an error, not a result of an attempt that did not
+			// commit, and the panic goes on up the leader's stack.
+			for _, m := range g.members {
+				m.err = fmt.Errorf("%w: %v", errGroupPanicked, p)
+			}
+			defer panic(p)
+		}
 		for _, m := range g.members {
 			close(m.done)
 		}
@@ -157,16 +167,22 @@ func (g *group[R]) grow() []*member[R] {
 	i := 0
 	for ; i < len(q.waiting) && (q.limit <= 0 || len(g.members) < q.limit); i++ {
 		m := q.waiting[i]
-		m.taken = true
 		if m.ctx.Err() != nil {
+			m.taken = true
 			m.err = context.Cause(m.ctx)
 			close(m.done)
 			continue
 		}
-		g.members = append(g.members, m)
 		if g.ctx != nil {
 			g.bound(m.ctx)
+			if g.ctx.Err() != nil {
+				// The group's deadline passed before it could cover
+				// m's: m waits for the next group.
+				break
+			}
 		}
+		m.taken = true
+		g.members = append(g.members, m)
 	}
 	q.waiting = append(q.waiting[:0:0], q.waiting[i:]...)
 	return g.members
@@ -193,16 +209,21 @@ func (g *group[R]) bound(ctx context.Context) {
 	}
 }
 
-// isolate reports whether a group's error should be retried member by
+// errGroupPanicked is the error of the members of a group whose
+// transaction was cut short by a panic in a callback.
+var errGroupPanicked = errors.New("bmdb: a callback of another call in the same group panicked")
+
+// isolate reports whether the group's error should be retried member by
 // member, to find which member caused it: an error of a callback or of a
-// statement, not one of the session, the context, the retry budget or the
-// connection, which would fail each member alike.
-func isolate(err error) bool {
+// statement, not one of the session, the group's context, the retry budget
+// or the connection, which would fail each member alike. A context error
+// while the group's context is fine comes from a callback that used its
+// own caller's context: that caller's error alone.
+func (g *group[R]) isolate(err error) bool {
 	switch {
-	case err == nil, errors.Is(err, ErrSessionExpired), errors.Is(err, ErrSessionClosed),
+	case err == nil, g.ctx.Err() != nil, errors.Is(err, ErrSessionExpired), errors.Is(err, ErrSessionClosed),
 		errors.Is(err, ErrConnectionClosed), errors.Is(err, ErrRetriesExhausted),
-		errors.Is(err, ErrAmbiguousCommit), errors.Is(err, context.Canceled),
-		errors.Is(err, context.DeadlineExceeded):
+		errors.Is(err, ErrAmbiguousCommit):
 		return false
 	}
 	return true

@@ -361,3 +361,163 @@ func TestFinishWithCommitGroup(t *testing.T) {
 		t.Errorf("FinishWith(nil) = %v, want ErrInvalidArgument", nilGroup)
 	}
 }
+
+// A group whose transaction fails for one member's retrieve is retried one
+// by one; a member with nothing to do must still get ErrNothingToDo.
+func TestIsolatedRetryKeepsNothingToDo(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c)
+	s := e.session(c)
+	a := e.machine()
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
+	hold.inside(t)
+	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	boom := errors.New("boom")
+	var bad, empty error
+	var emptyWorks []*Work
+	var panicked any
+	wg.Go(func() {
+		_, bad = s.Work(context.Background(), "install", func(*Tx) ([]uuid.UUID, error) { return nil, boom })
+	})
+	wg.Go(func() {
+		defer func() { panicked = recover() }()
+		emptyWorks, empty = s.WorkBatch(context.Background(), "install", 1, func(*Tx) ([]uuid.UUID, error) { return nil, nil })
+	})
+	eventually(t, 5*time.Second, "queued", func() bool { return queued(q) == 2 })
+	hold.open()
+	wg.Wait()
+	if panicked != nil || !errors.Is(bad, boom) {
+		t.Errorf("the failing retrieve's Work = %v (panic %v), want its error", bad, panicked)
+	}
+	if !errors.Is(empty, ErrNothingToDo) {
+		t.Errorf("WorkBatch with nothing = %d works, %v; want ErrNothingToDo", len(emptyWorks), empty)
+	}
+}
+
+// A member whose own ctx ends while its group runs, and whose retrieve
+// queries with that ctx (as the package example does), must not fail the
+// other members of its group.
+func TestOneCallersContextFailsOnlyItsClaim(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c)
+	s := e.session(c)
+	a, b, d := e.machine(), e.machine(), e.machine()
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
+	hold.inside(t)
+	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	ctxB, cancelB := context.WithCancel(context.Background())
+	hold2 := newLatch()
+	defer hold2.open()
+	var errB, errC error
+	wg.Go(func() {
+		_, errB = s.Work(ctxB, "install", func(tx *Tx) ([]uuid.UUID, error) {
+			hold2.wait()
+			var one int
+			if err := tx.DBTX().QueryRowContext(ctxB, "SELECT 1").Scan(&one); err != nil {
+				return nil, err
+			}
+			return []uuid.UUID{b}, nil
+		})
+	})
+	eventually(t, 5*time.Second, "B queued", func() bool { return queued(q) == 1 })
+	wg.Go(func() { _, errC = s.Work(context.Background(), "install", retrieveAll(d)) })
+	eventually(t, 5*time.Second, "C queued", func() bool { return queued(q) == 2 })
+	hold.open()
+	hold2.inside(t)
+	cancelB()
+	hold2.open()
+	wg.Wait()
+	if errC != nil || !errors.Is(errB, context.Canceled) {
+		t.Errorf("B (ctx ended) = %v, C = %v; want context.Canceled and nil", errB, errC)
+	}
+}
+
+// Two Works of one session on the same machine (the first's end committed
+// ambiguously, the machine was claimed again): ending both in one group
+// must not report the stale one as ended, nor write two history rows.
+func TestStaleAndNewClaimOfAMachineInOneGroup(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c)
+	s := e.session(c)
+	m := e.machine()
+	w1, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.exec("DELETE FROM work WHERE machine_id = $1", m) // as if w1's ambiguous Finish committed
+	w2, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := e.machine()
+	w0, err := s.Work(context.Background(), "install", retrieveAll(x))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = w0.Finish(context.Background(), func(*Tx) error { hold.wait(); return nil }) })
+	hold.inside(t)
+	var e1, e2 error
+	wg.Go(func() { e1 = w1.Fail(context.Background(), nil, "stale") })
+	eventually(t, 5*time.Second, "q1", func() bool { return queued(&s.ends) == 1 })
+	wg.Go(func() { e2 = w2.Fail(context.Background(), nil, "fresh") })
+	eventually(t, 5*time.Second, "q2", func() bool { return queued(&s.ends) == 2 })
+	hold.open()
+	wg.Wait()
+	n := e.count("SELECT count(*) FROM work_history WHERE claim_id = $1 AND event = 'Failed'", w2.ClaimID())
+	if !errors.Is(e1, ErrWorkLost) || e2 != nil || n != 1 {
+		t.Errorf("stale Work's Fail = %v (want ErrWorkLost), new one's = %v; %d Failed rows for the new claim (want 1)", e1, e2, n)
+	}
+}
+
+// The same for ends: a Finish whose commit queries with its own ended ctx
+// fails alone.
+func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c)
+	s := e.session(c)
+	ms := []uuid.UUID{e.machine(), e.machine(), e.machine()}
+	works, err := s.WorkBatch(context.Background(), "install", 3, retrieveAll(ms...))
+	if err != nil || len(works) != 3 {
+		t.Fatal(err)
+	}
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = works[0].Finish(context.Background(), func(*Tx) error { hold.wait(); return nil }) })
+	hold.inside(t)
+	ctxB, cancelB := context.WithCancel(context.Background())
+	hold2 := newLatch()
+	defer hold2.open()
+	var errB, errC error
+	wg.Go(func() {
+		errB = works[1].Finish(ctxB, func(tx *Tx) error {
+			hold2.wait()
+			_, err := tx.DBTX().ExecContext(ctxB, "SELECT 1")
+			return err
+		})
+	})
+	eventually(t, 5*time.Second, "q1", func() bool { return queued(&s.ends) == 1 })
+	wg.Go(func() { errC = works[2].Finish(context.Background(), func(*Tx) error { return nil }) })
+	eventually(t, 5*time.Second, "q2", func() bool { return queued(&s.ends) == 2 })
+	hold.open()
+	hold2.inside(t)
+	cancelB()
+	hold2.open()
+	wg.Wait()
+	if errC != nil || !errors.Is(errB, context.Canceled) {
+		t.Errorf("B's Finish (ctx ended) = %v, C's = %v; want context.Canceled and nil", errB, errC)
+	}
+}

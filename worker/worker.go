@@ -313,6 +313,12 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		for _, w := range works {
 			handlers.Go(func() {
 				defer func() { <-busy }()
+				if claimCtx.Err() != nil {
+					// Claimed as shutdown began (a claim transaction
+					// runs for all its callers): give it back unworked.
+					l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
+					return
+				}
 				commit, err := l.cfg.Work(workCtx, w)
 				l.settle(workCtx, w, commit, err)
 			})

@@ -188,14 +188,14 @@ WITH ended AS (
       AND work.claim_id = ANY ($6::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), causes AS (
-    SELECT ($5::UUID[])[i] AS machine_id, ($7::TEXT[])[i] AS cause
-    FROM generate_series(1, array_length($5::UUID[], 1)) AS i
+    SELECT ($6::UUID[])[i] AS claim_id, ($7::TEXT[])[i] AS cause
+    FROM generate_series(1, array_length($6::UUID[], 1)) AS i
 )
 INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
        statement_timestamp(), NULLIF(causes.cause, ''), $2::TEXT, ended.claim_id
-FROM ended JOIN causes ON causes.machine_id = ended.machine_id
-RETURNING work_history.machine_id
+FROM ended JOIN causes ON causes.claim_id = ended.claim_id
+RETURNING work_history.claim_id
 `
 
 type WorkEndManyParams struct {
@@ -209,10 +209,10 @@ type WorkEndManyParams struct {
 }
 
 // WorkEndMany ends, with the given event (Canceled or Failed) and causes
-// (aligned with machine_ids; ” for none), the claims claim_ids of process
-// on machine_ids that the session still holds, and returns their machine
+// (aligned with claim_ids; ” for none), the claims claim_ids of process
+// on machine_ids that the session still holds, and returns their claim
 // ids: those missing were no longer held (the fence of grouped ends).
-func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uuid.UUID, error) {
+func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uuid.NullUUID, error) {
 	rows, err := q.query(ctx, q.workEndManyStmt, workEndMany,
 		arg.Event,
 		arg.ComponentName,
@@ -226,13 +226,13 @@ func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uui
 		return nil, err
 	}
 	defer rows.Close()
-	items := []uuid.UUID{}
+	items := []uuid.NullUUID{}
 	for rows.Next() {
-		var machine_id uuid.UUID
-		if err := rows.Scan(&machine_id); err != nil {
+		var claim_id uuid.NullUUID
+		if err := rows.Scan(&claim_id); err != nil {
 			return nil, err
 		}
-		items = append(items, machine_id)
+		items = append(items, claim_id)
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err
@@ -348,7 +348,7 @@ INSERT INTO work_history (machine_id, process, session_id, event, at, component_
 SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
        $1::TEXT, ended.claim_id
 FROM ended
-RETURNING work_history.machine_id
+RETURNING work_history.claim_id
 `
 
 type WorkFinishManyParams struct {
@@ -361,9 +361,9 @@ type WorkFinishManyParams struct {
 
 // WorkFinishMany ends, as Finished, the claims claim_ids of process on
 // machine_ids that the session still holds, clears their backoffs, and
-// returns their machine ids: those missing were no longer held (the fence
-// of grouped ends and FinishAll).
-func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.UUID, error) {
+// returns their claim ids: those missing were no longer held (the fence of
+// grouped ends and FinishAll).
+func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.NullUUID, error) {
 	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
 		arg.ComponentName,
 		arg.Process,
@@ -375,13 +375,13 @@ func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) 
 		return nil, err
 	}
 	defer rows.Close()
-	items := []uuid.UUID{}
+	items := []uuid.NullUUID{}
 	for rows.Next() {
-		var machine_id uuid.UUID
-		if err := rows.Scan(&machine_id); err != nil {
+		var claim_id uuid.NullUUID
+		if err := rows.Scan(&claim_id); err != nil {
 			return nil, err
 		}
-		items = append(items, machine_id)
+		items = append(items, claim_id)
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err

@@ -121,8 +121,8 @@ RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_t
 -- name: WorkFinishMany :many
 -- WorkFinishMany ends, as Finished, the claims claim_ids of process on
 -- machine_ids that the session still holds, clears their backoffs, and
--- returns their machine ids: those missing were no longer held (the fence
--- of grouped ends and FinishAll).
+-- returns their claim ids: those missing were no longer held (the fence of
+-- grouped ends and FinishAll).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
@@ -139,7 +139,7 @@ INSERT INTO work_history (machine_id, process, session_id, event, at, component_
 SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
        sqlc.arg(component_name)::TEXT, ended.claim_id
 FROM ended
-RETURNING work_history.machine_id;
+RETURNING work_history.claim_id;
 
 -- name: WorkFinish :execrows
 -- WorkFinish is WorkEnd for a successful end, in one statement: it removes
@@ -163,8 +163,8 @@ FROM ended;
 
 -- name: WorkEndMany :many
 -- WorkEndMany ends, with the given event (Canceled or Failed) and causes
--- (aligned with machine_ids; '' for none), the claims claim_ids of process
--- on machine_ids that the session still holds, and returns their machine
+-- (aligned with claim_ids; '' for none), the claims claim_ids of process
+-- on machine_ids that the session still holds, and returns their claim
 -- ids: those missing were no longer held (the fence of grouped ends).
 WITH ended AS (
     DELETE FROM work
@@ -173,11 +173,11 @@ WITH ended AS (
       AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), causes AS (
-    SELECT (sqlc.arg(machine_ids)::UUID[])[i] AS machine_id, (sqlc.arg(causes)::TEXT[])[i] AS cause
-    FROM generate_series(1, array_length(sqlc.arg(machine_ids)::UUID[], 1)) AS i
+    SELECT (sqlc.arg(claim_ids)::UUID[])[i] AS claim_id, (sqlc.arg(causes)::TEXT[])[i] AS cause
+    FROM generate_series(1, array_length(sqlc.arg(claim_ids)::UUID[], 1)) AS i
 )
 INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
        statement_timestamp(), NULLIF(causes.cause, ''), sqlc.arg(component_name)::TEXT, ended.claim_id
-FROM ended JOIN causes ON causes.machine_id = ended.machine_id
-RETURNING work_history.machine_id;
+FROM ended JOIN causes ON causes.claim_id = ended.claim_id
+RETURNING work_history.claim_id;
