@@ -26,7 +26,7 @@ type member[R any] struct {
 	taken bool          // in a running group; guarded by queue.mu
 	lead  chan struct{} // closed to make it lead the next group
 	done  chan struct{} // closed when its group has run, or it was dropped
-	err   error         // why it was dropped: its ctx ended before its group began
+	err   error         // set instead of a result: its ctx ended before its group began, or its group panicked
 }
 
 // queue serialises the groups of one kind of call. The zero queue is
