@@ -75,7 +75,7 @@ func (q *Queries) WorkBackoffIntervals(ctx context.Context, arg WorkBackoffInter
 const workBackoffUpsertMany = `-- name: WorkBackoffUpsertMany :exec
 INSERT INTO work_backoff (machine_id, process, until, cause, interval_seconds)
 SELECT ($1::UUID[])[i], $2::TEXT,
-       now() + ($3::FLOAT8[])[i] * INTERVAL '1 second',
+       statement_timestamp() + ($3::FLOAT8[])[i] * INTERVAL '1 second',
        ($4::TEXT[])[i], ($5::FLOAT8[])[i]
 FROM generate_series(1, array_length($1::UUID[], 1)) AS i
 ON CONFLICT (machine_id, process) DO UPDATE
@@ -90,8 +90,10 @@ type WorkBackoffUpsertManyParams struct {
 	IntervalSeconds []float64
 }
 
-// WorkBackoffUpsertMany is WorkBackoffUpsert for many machines of one
-// process at once, with arrays aligned with machine_ids.
+// WorkBackoffUpsertMany puts machine_ids in backoff for process: each until
+// wait_seconds from this statement's time (after the Failed rows of its
+// transaction), with its cause and the interval it grew to, arrays aligned
+// with machine_ids.
 func (q *Queries) WorkBackoffUpsertMany(ctx context.Context, arg WorkBackoffUpsertManyParams) error {
 	_, err := q.exec(ctx, q.workBackoffUpsertManyStmt, workBackoffUpsertMany,
 		pq.Array(arg.MachineIds),
