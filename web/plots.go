@@ -99,21 +99,10 @@ func (e EventRates) SVG() template.HTML {
 	axes(&b, w, h, top, bottom, left, most)
 	for i := range e.Finished {
 		x := float64(left) + float64(i)*barW
-		y := float64(h - bottom)
 		minute := e.Since.Add(time.Duration(i) * time.Minute).UTC().Format("15:04")
 		tip := fmt.Sprintf("%s: %d finished, %d failed, %d abandoned", minute, e.Finished[i], e.Failed[i], e.Abandoned[i])
-		for _, seg := range []struct {
-			n     int64
-			color string
-		}{{e.Finished[i], colorFinished}, {e.Failed[i], colorFailed}, {e.Abandoned[i], colorAbandoned}} {
-			if seg.n == 0 {
-				continue
-			}
-			hh := float64(seg.n) * scale
-			y -= hh
-			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`,
-				x+0.5, y, barW-1, hh, seg.color, template.HTMLEscapeString(tip))
-		}
+		stackedBar(&b, x+0.5, barW-1, float64(h-bottom), scale, tip,
+			segment{e.Finished[i], colorFinished}, segment{e.Failed[i], colorFailed}, segment{e.Abandoned[i], colorAbandoned})
 	}
 	for _, tick := range []struct {
 		x             float64
@@ -194,20 +183,9 @@ func (c ClaimAges) SVG() template.HTML {
 	axes(&b, w, h, top, bottom, left, most)
 	for i, a := range c {
 		x := float64(left) + float64(i)*barW
-		y := float64(h - bottom)
 		tip := fmt.Sprintf("%s: %d live, %d held by expired sessions", a.Label, a.Alive, a.Expired)
-		for _, seg := range []struct {
-			n     int64
-			color string
-		}{{a.Alive, colorAlive}, {a.Expired, colorFailed}} {
-			if seg.n == 0 {
-				continue
-			}
-			hh := float64(seg.n) * scale
-			y -= hh
-			fmt.Fprintf(&b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`,
-				x+4, y, barW-8, hh, seg.color, template.HTMLEscapeString(tip))
-		}
+		y := stackedBar(&b, x+4, barW-8, float64(h-bottom), scale, tip,
+			segment{a.Alive, colorAlive}, segment{a.Expired, colorFailed})
 		if n := a.Alive + a.Expired; n > 0 {
 			fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" font-size="10" text-anchor="middle">%d</text>`, x+barW/2, y-3, n)
 		}
@@ -215,4 +193,26 @@ func (c ClaimAges) SVG() template.HTML {
 	}
 	b.WriteString(`</svg>`)
 	return template.HTML(b.String())
+}
+
+// segment is one part of a stacked bar: a count and its colour.
+type segment struct {
+	n     int64
+	color string
+}
+
+// stackedBar draws segs as one bar at x, width w, stacked up from the
+// baseline y, scale pixels a count, each segment titled tip (empty
+// segments are left out); it returns the top of the bar.
+func stackedBar(b *strings.Builder, x, w, y, scale float64, tip string, segs ...segment) float64 {
+	for _, seg := range segs {
+		if seg.n == 0 {
+			continue
+		}
+		hh := float64(seg.n) * scale
+		y -= hh
+		fmt.Fprintf(b, `<rect class="bar" x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%s</title></rect>`,
+			x, y, w, hh, seg.color, template.HTMLEscapeString(tip))
+	}
+	return y
 }
