@@ -108,29 +108,16 @@ func (s *Session) FinishAll(ctx context.Context, works []*Work, commit func(tx *
 }
 
 // finishGroup ends the claims of one process inside tx and clears their
-// backoffs (WorkFinishMany). It returns the first Work whose claim was no longer held, if
-// any.
+// backoffs (finishMany). It returns the first Work whose claim was no
+// longer held, if any.
 func (s *Session) finishGroup(ctx context.Context, tx *Tx, process string, group []*Work) (*Work, error) {
-	ids := make([]uuid.UUID, len(group))
-	claimIDs := make([]uuid.UUID, len(group))
-	for i, w := range group {
-		ids[i], claimIDs[i] = w.machine, w.claimID
-	}
-	ended, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
-		MachineIds: ids, ClaimIds: claimIDs, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-	})
+	ended, err := s.finishMany(ctx, tx, process, group)
 	if err != nil {
-		return nil, fmt.Errorf("bmdb: FinishAll: ending %d claims of %q: %w", len(ids), process, err)
+		return nil, fmt.Errorf("bmdb: FinishAll: ending %d claims of %q: %w", len(group), process, err)
 	}
-	if len(ended) < len(ids) {
-		got := make(map[uuid.UUID]bool, len(ended))
-		for _, id := range ended {
-			got[id.UUID] = true
-		}
-		for _, w := range group {
-			if !got[w.claimID] {
-				return w, nil
-			}
+	for _, w := range group {
+		if !ended[w.claimID] {
+			return w, nil
 		}
 	}
 	return nil, nil

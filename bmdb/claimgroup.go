@@ -178,13 +178,19 @@ func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []
 			r.claims = append(r.claims, c)
 		}
 	}
+	claimed := map[uuid.UUID]bool{} // machines claimed in this transaction
+	for _, r := range reqs {
+		for _, c := range r.claims {
+			claimed[c.machine] = true
+		}
+	}
 	for i, r := range reqs {
 		if len(r.claims) > 0 {
 			continue
 		}
 		rest := make([]uuid.UUID, 0, len(candidates[i]))
 		for _, m := range candidates[i] {
-			if !taken(reqs, m) {
+			if !claimed[m] {
 				rest = append(rest, m)
 			}
 		}
@@ -196,19 +202,8 @@ func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []
 			return err
 		default:
 			r.claims, r.abandoned = []claim{c}, abandoned
+			claimed[c.machine] = true
 		}
 	}
 	return nil
-}
-
-// taken reports whether a member of reqs claimed m in this transaction.
-func taken(reqs []*claimRequest, m uuid.UUID) bool {
-	for _, r := range reqs {
-		for _, c := range r.claims {
-			if c.machine == m {
-				return true
-			}
-		}
-	}
-	return false
 }

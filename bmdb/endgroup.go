@@ -162,10 +162,7 @@ func (s *Session) finishClaims(ctx context.Context, tx *Tx, process string, reqs
 		}
 		return nil
 	}
-	ids, claims := endKeys(reqs)
-	ended, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
-		MachineIds: ids, ClaimIds: claims, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-	})
+	ended, err := s.finishMany(ctx, tx, process, worksOf(reqs))
 	if err != nil {
 		return fmt.Errorf("bmdb: finishing %d claims of %q: %w", len(reqs), process, err)
 	}
@@ -173,9 +170,23 @@ func (s *Session) finishClaims(ctx context.Context, tx *Tx, process string, reqs
 	return nil
 }
 
+// finishMany ends works, claims of process, as Finished and clears their
+// backoffs, in one statement (WorkFinishMany), and returns the claim ids it
+// ended: a Work whose claim id is missing no longer held its claim.
+func (s *Session) finishMany(ctx context.Context, tx *Tx, process string, works []*Work) (map[uuid.UUID]bool, error) {
+	machines, claims := claimKeys(works)
+	ended, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
+		MachineIds: machines, ClaimIds: claims, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return claimSet(ended), nil
+}
+
 // stopClaims ends claims as Failed or Canceled, with their causes.
 func (s *Session) stopClaims(ctx context.Context, tx *Tx, process string, event store.WorkHistoryEvent, reqs []*endRequest) error {
-	ids, claims := endKeys(reqs)
+	ids, claims := claimKeys(worksOf(reqs))
 	causes := make([]string, len(reqs))
 	for i, r := range reqs {
 		causes[i] = r.cause
@@ -187,7 +198,7 @@ func (s *Session) stopClaims(ctx context.Context, tx *Tx, process string, event 
 	if err != nil {
 		return fmt.Errorf("bmdb: ending %d claims of %q as %s: %w", len(reqs), process, event, err)
 	}
-	markLost(reqs, ended)
+	markLost(reqs, claimSet(ended))
 	return nil
 }
 
@@ -257,25 +268,39 @@ func commitEnds(tx *Tx, reqs []*endRequest) error {
 	return nil
 }
 
-// endKeys returns the machines and claim ids of reqs.
-func endKeys(reqs []*endRequest) (machines, claims []uuid.UUID) {
-	machines, claims = make([]uuid.UUID, len(reqs)), make([]uuid.UUID, len(reqs))
+// worksOf returns the Works of reqs.
+func worksOf(reqs []*endRequest) []*Work {
+	works := make([]*Work, len(reqs))
 	for i, r := range reqs {
-		machines[i], claims[i] = r.w.machine, r.w.claimID
+		works[i] = r.w
+	}
+	return works
+}
+
+// claimKeys returns the machines and claim ids of works.
+func claimKeys(works []*Work) (machines, claims []uuid.UUID) {
+	machines, claims = make([]uuid.UUID, len(works)), make([]uuid.UUID, len(works))
+	for i, w := range works {
+		machines[i], claims[i] = w.machine, w.claimID
 	}
 	return machines, claims
+}
+
+// claimSet returns the claim ids an end statement returned, as a set.
+func claimSet(ended []uuid.NullUUID) map[uuid.UUID]bool {
+	set := make(map[uuid.UUID]bool, len(ended))
+	for _, c := range ended {
+		set[c.UUID] = true
+	}
+	return set
 }
 
 // markLost gives ErrWorkLost to the members whose claim is not among the
 // claims ended. Claims, not machines: a session may end a stale Work and a
 // newer claim of the same machine in one group.
-func markLost(reqs []*endRequest, ended []uuid.NullUUID) {
-	got := make(map[uuid.UUID]bool, len(ended))
-	for _, c := range ended {
-		got[c.UUID] = true
-	}
+func markLost(reqs []*endRequest, ended map[uuid.UUID]bool) {
 	for _, r := range reqs {
-		if !got[r.w.claimID] {
+		if !ended[r.w.claimID] {
 			r.err = r.w.lostError()
 		}
 	}
