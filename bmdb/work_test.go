@@ -367,6 +367,10 @@ func TestFinishRacingATakeover(t *testing.T) {
 	// connection runs its claim transactions one at a time).
 	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
 	other := e.open()
+	// The takeover waits ~30 s behind the stalled Finish: cockroach mode's
+	// injected heartbeat failures could expire s2 meanwhile.
+	exact(c)
+	exact(other)
 	var once sync.Once
 	c.hooks.afterSessionCheck = func(session uuid.UUID) {
 		if p := hold.Load(); p != nil && *p == session {
