@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/google/uuid"
 )
@@ -20,84 +19,13 @@ type claimRequest struct {
 	err       error
 }
 
-// claimQueues holds a session's claim queue per process.
-type claimQueues struct {
-	mu     sync.Mutex
-	byProc map[string]*queue[*claimRequest]
-}
-
-// of returns the queue of process.
-func (q *claimQueues) of(process string, limit int) *queue[*claimRequest] {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.byProc == nil {
-		q.byProc = map[string]*queue[*claimRequest]{}
-	}
-	if q.byProc[process] == nil {
-		q.byProc[process] = &queue[*claimRequest]{limit: limit}
-	}
-	return q.byProc[process]
-}
-
-// claimGrouped claims for r in a group of the session's concurrent claims
-// of process, and returns r's own outcome.
+// claimGrouped claims for r in a group of the session's concurrent calls
+// for process, and returns r's own outcome.
 func (s *Session) claimGrouped(ctx context.Context, process string, r *claimRequest) error {
-	err := s.claims.of(process, s.conn.cfg.MaxGroupSize).do(ctx, r, func(g *group[*claimRequest]) {
-		s.runClaimGroup(process, g)
-	})
-	if err != nil {
+	if err := s.inGroup(ctx, process, &groupOp{claim: r}); err != nil {
 		return err
 	}
 	return r.err
-}
-
-// runClaimGroup runs one claim transaction for g and gives each member its
-// claims or error. If the transaction fails with an error that one member
-// may have caused (its retrieve, a machine that does not exist), the
-// members are claimed for one by one instead, so that only that member
-// fails.
-func (s *Session) runClaimGroup(process string, g *group[*claimRequest]) {
-	err := s.claimFor(g.ctx, process, func() []*claimRequest { return requests(g.grow()) })
-	reqs := requests(g.members)
-	if len(reqs) > 1 && g.isolate(err) {
-		for _, r := range reqs {
-			// On success r's result is its own (claims, or its
-			// ErrNothingToDo or ErrWorkConflict).
-			if err := s.claimFor(g.ctx, process, func() []*claimRequest { return []*claimRequest{r} }); err != nil {
-				r.claims, r.abandoned, r.err = nil, nil, err
-			}
-		}
-		return
-	}
-	if err != nil {
-		for _, r := range reqs {
-			r.claims, r.abandoned, r.err = nil, nil, err
-		}
-	}
-}
-
-// requests returns the requests of members.
-func requests[R any](members []*member[R]) []R {
-	reqs := make([]R, len(members))
-	for i, m := range members {
-		reqs[i] = m.req
-	}
-	return reqs
-}
-
-// claimFor runs one claim transaction, for the requests that members
-// returns at the start of each attempt, and sets their results; it returns
-// the transaction's error, after which the results are not to be used.
-func (s *Session) claimFor(ctx context.Context, process string, members func() []*claimRequest) error {
-	var reqs []*claimRequest
-	err := s.claimTransact(ctx, priorityClaim, func(tx *Tx) error {
-		reqs = members()
-		return s.claimInTx(ctx, tx, process, reqs)
-	})
-	if errors.Is(err, ErrAmbiguousCommit) {
-		return s.resolveGroup(ctx, process, reqs, err)
-	}
-	return err
 }
 
 // resolveGroup finds out, after an ambiguous COMMIT, which of the group's

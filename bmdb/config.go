@@ -21,6 +21,8 @@ const (
 	MaxIdleConnsDefault = 32
 	// MaxGroupSizeDefault is the default Config.MaxGroupSize.
 	MaxGroupSizeDefault = 100
+	// StatementCacheSizeDefault is the default Config.StatementCacheSize.
+	StatementCacheSizeDefault = 128
 	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
 	// default --max-offset of a CockroachDB cluster.
 	MaxClockOffsetDefault = 500 * time.Millisecond
@@ -128,11 +130,24 @@ type Config struct {
 	// not be negative. Defaults to MaxClockOffsetDefault.
 	MaxClockOffset time.Duration
 
-	// MaxGroupSize bounds how many concurrent calls of a session one
-	// transaction serves: claims (Work, WorkBatch) of one process, or ends
-	// (Finish, FinishWith, Cancel, Fail). Must be in [1, MaxBatch]; 1 gives
-	// every call a transaction of its own. Defaults to MaxGroupSizeDefault.
+	// MaxGroupSize bounds how many concurrent calls of a session for one
+	// process one transaction serves: claims (Work, WorkBatch) and ends
+	// (Finish, FinishWith, Cancel, Fail) together. Must be in [1, MaxBatch];
+	// 1 gives every call a transaction of its own. Defaults to
+	// MaxGroupSizeDefault.
 	MaxGroupSize int
+
+	// StatementCacheSize is how many statements with parameters each
+	// pooled connection keeps prepared, least recently used first out:
+	// statements run through a Tx or DB() (retrievals, commit callbacks)
+	// then take one round trip instead of lib/pq's two, and the server
+	// reuses their plans. A cached statement whose result columns changed
+	// under it (ALTER TABLE) or that was deallocated is prepared again; in a
+	// transaction, that attempt fails and bmdb's transactions retry it.
+	// Negative keeps no statement prepared (for a proxy that does not
+	// carry prepared statements across transactions); 0 means
+	// StatementCacheSizeDefault. At most 10000.
+	StatementCacheSize int
 
 	// cockroachMode, if set (tests in this package), replaces the
 	// process-wide crdbmode settings for this Connection.
@@ -169,6 +184,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxClockOffset == 0 {
 		c.MaxClockOffset = MaxClockOffsetDefault
+	}
+	if c.StatementCacheSize == 0 {
+		c.StatementCacheSize = StatementCacheSizeDefault
 	}
 	if c.MaxGroupSize == 0 {
 		c.MaxGroupSize = MaxGroupSizeDefault
@@ -211,6 +229,8 @@ func (c Config) validate() error {
 		return invalidArgument("Config.NetworkTimeout is %v, must not be negative", c.NetworkTimeout)
 	case c.MaxClockOffset < 0:
 		return invalidArgument("Config.MaxClockOffset is %v, must not be negative", c.MaxClockOffset)
+	case c.StatementCacheSize > 10000:
+		return invalidArgument("Config.StatementCacheSize is %d, more than 10000", c.StatementCacheSize)
 	case c.MaxGroupSize < 1 || c.MaxGroupSize > MaxBatch:
 		return invalidArgument("Config.MaxGroupSize is %d, must be in [1, %d]", c.MaxGroupSize, MaxBatch)
 	case c.Application != nil:

@@ -129,6 +129,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if err != nil {
 		return nil, err
 	}
+	connector.stmtCacheSize = max(cfg.StatementCacheSize, 0)
 	db, err := openPool(ctx, connector, cfg.DSN)
 	if err != nil {
 		return nil, err

@@ -71,17 +71,23 @@
 // small, hot work index per page, so concurrent claim transactions abort
 // each other whatever machines they touch; a Connection therefore runs its
 // claim transactions one at a time (Config.ClaimConcurrency, ends of claims
-// first). Concurrent calls of a session share transactions instead: the
-// Work and WorkBatch calls of one process are served by one claim
-// transaction, and Finish, FinishWith, Cancel and Fail calls by one end
-// transaction with multi-row statements, each attempt taking in whatever
-// is queued when it begins (up to Config.MaxGroupSize). Each caller gets
-// its own result, nil only once its group committed; a lost claim or a
-// failing callback fails only its own caller (the group is then retried
-// one call at a time). worker.Loop relies on this: it claims for all its
-// free handlers in one WorkBatch, and its handlers' ends are grouped.
-// Work.FinishWith and CommitGroup let an application commit the results of
-// a whole group in one statement.
+// first). Concurrent calls of a session for one process share
+// transactions instead: its Work, WorkBatch, Finish, FinishWith, Cancel and
+// Fail calls are served by one transaction with multi-row statements, the
+// ends first, then the claims, each attempt taking in whatever is queued
+// when it begins (up to Config.MaxGroupSize). Each caller gets its own
+// result, nil only once its group committed; a lost claim or a failing
+// callback fails only its own caller (the group is then retried one call
+// at a time). worker.Loop relies on this: it claims for all its free
+// handlers in one WorkBatch, a handler's slot is free again as soon as its
+// work is done, so the end of one machine and the claim of the next share
+// a transaction, and its handlers' ends are grouped. Work.FinishWith and
+// CommitGroup let an application commit the results of a whole group in
+// one statement.
+//
+// Statements run in a Tx or on DB() with parameters are kept prepared per
+// pooled connection (Config.StatementCacheSize): one round trip instead of
+// lib/pq's two, and a plan the server reuses.
 //
 // Failures back off. Work.Fail records the cause and, given a Backoff, keeps
 // the (machine, process) from being claimed until an exponentially growing

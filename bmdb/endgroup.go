@@ -38,53 +38,14 @@ type endRequest struct {
 	err     error              // the result, set by the group
 }
 
-// endGrouped ends r's claim in a group of the session's concurrent ends,
-// and returns r's own outcome.
+// endGrouped ends r's claim in a group of the session's concurrent calls
+// for its process, and returns r's own outcome; r's error is ErrWorkLost if
+// its claim was gone, even if the group committed.
 func (s *Session) endGrouped(ctx context.Context, r *endRequest) error {
-	if err := s.ends.do(ctx, r, s.runEndGroup); err != nil {
+	if err := s.inGroup(ctx, r.w.process, &groupOp{end: r}); err != nil {
 		return err
 	}
 	return r.err
-}
-
-// runEndGroup runs one end transaction for g, and gives each member its
-// result. If the transaction fails with an error one member may have
-// caused (its commit callback), the members are ended one by one instead,
-// so that only that member fails (its Work stays open).
-func (s *Session) runEndGroup(g *group[*endRequest]) {
-	err := s.endFor(g.ctx, func() []*endRequest { return requests(g.grow()) })
-	reqs := requests(g.members)
-	if len(reqs) > 1 && g.isolate(err) {
-		for _, r := range reqs {
-			if err := s.endFor(g.ctx, func() []*endRequest { return []*endRequest{r} }); err != nil {
-				r.err = err
-			}
-		}
-		return
-	}
-	if err != nil {
-		for _, r := range reqs {
-			r.err = err
-		}
-	}
-}
-
-// endFor runs one end transaction, for the requests that members returns
-// at the start of each attempt; members whose claim was gone get
-// ErrWorkLost even if the transaction commits. It returns the
-// transaction's error.
-func (s *Session) endFor(ctx context.Context, members func() []*endRequest) error {
-	var reqs []*endRequest
-	err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
-		reqs = members()
-		return s.endInTx(ctx, tx, reqs)
-	})
-	if err == nil {
-		for _, r := range reqs {
-			s.recordEnd(r)
-		}
-	}
-	return err
 }
 
 // recordEnd counts a member's committed end in the metrics.

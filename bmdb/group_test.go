@@ -102,7 +102,7 @@ func TestConcurrentWorksShareATransaction(t *testing.T) {
 		works[0], errs[0] = s.Work(context.Background(), "install", hold.held(retrieveAll(machines...)))
 	})
 	hold.inside(t)
-	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	q := s.groups.of("install")
 	for i := 1; i < n; i++ {
 		wg.Go(func() { works[i], errs[i] = s.Work(context.Background(), "install", retrieveAll(machines[1:]...)) })
 	}
@@ -169,7 +169,7 @@ func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 			}
 		})
 	}
-	eventually(t, 5*time.Second, "the other ends queued", func() bool { return queued(&s.ends) == n })
+	eventually(t, 5*time.Second, "the other ends queued", func() bool { return queued(s.groups.of("install")) == n })
 	hold.open()
 	wg.Wait()
 
@@ -223,7 +223,7 @@ func TestQueuedCallLeavesOnCancel(t *testing.T) {
 	var firstErr error
 	wg.Go(func() { first, firstErr = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
 	hold.inside(t)
-	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	q := s.groups.of("install")
 	ctx, cancel := context.WithCancel(context.Background())
 	var queuedErr error
 	wg.Go(func() { _, queuedErr = s.Work(ctx, "install", retrieveAll(b)) })
@@ -263,7 +263,7 @@ func TestCloseRacingAGroup(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _, errs[0] = s.Work(context.Background(), "install", hold.held(retrieveAll(machines...))) })
 	hold.inside(t)
-	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	q := s.groups.of("install")
 	for i := 1; i < len(machines); i++ {
 		wg.Go(func() { _, errs[i] = s.Work(context.Background(), "install", retrieveAll(machines...)) })
 	}
@@ -341,7 +341,7 @@ func TestFinishWithCommitGroup(t *testing.T) {
 	for i, w := range works[1:] {
 		wg.Go(func() { errs[i+1] = w.FinishWith(context.Background(), g) })
 	}
-	eventually(t, 5*time.Second, "the FinishWith calls queued", func() bool { return queued(&s.ends) == len(works)-1 })
+	eventually(t, 5*time.Second, "the FinishWith calls queued", func() bool { return queued(s.groups.of("install")) == len(works)-1 })
 	hold.open()
 	wg.Wait()
 	for i, w := range works {
@@ -375,7 +375,7 @@ func TestIsolatedRetryKeepsNothingToDo(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
 	hold.inside(t)
-	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	q := s.groups.of("install")
 	boom := errors.New("boom")
 	var bad, empty error
 	var emptyWorks []*Work
@@ -412,7 +412,7 @@ func TestOneCallersContextFailsOnlyItsClaim(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
 	hold.inside(t)
-	q := s.claims.of("install", c.cfg.MaxGroupSize)
+	q := s.groups.of("install")
 	ctxB, cancelB := context.WithCancel(context.Background())
 	hold2 := newLatch()
 	defer hold2.open()
@@ -470,9 +470,9 @@ func TestStaleAndNewClaimOfAMachineInOneGroup(t *testing.T) {
 	hold.inside(t)
 	var e1, e2 error
 	wg.Go(func() { e1 = w1.Fail(context.Background(), nil, "stale") })
-	eventually(t, 5*time.Second, "q1", func() bool { return queued(&s.ends) == 1 })
+	eventually(t, 5*time.Second, "q1", func() bool { return queued(s.groups.of("install")) == 1 })
 	wg.Go(func() { e2 = w2.Fail(context.Background(), nil, "fresh") })
-	eventually(t, 5*time.Second, "q2", func() bool { return queued(&s.ends) == 2 })
+	eventually(t, 5*time.Second, "q2", func() bool { return queued(s.groups.of("install")) == 2 })
 	hold.open()
 	wg.Wait()
 	n := e.count("SELECT count(*) FROM work_history WHERE claim_id = $1 AND event = 'Failed'", w2.ClaimID())
@@ -509,9 +509,9 @@ func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
 			return err
 		})
 	})
-	eventually(t, 5*time.Second, "q1", func() bool { return queued(&s.ends) == 1 })
+	eventually(t, 5*time.Second, "q1", func() bool { return queued(s.groups.of("install")) == 1 })
 	wg.Go(func() { errC = works[2].Finish(context.Background(), func(*Tx) error { return nil }) })
-	eventually(t, 5*time.Second, "q2", func() bool { return queued(&s.ends) == 2 })
+	eventually(t, 5*time.Second, "q2", func() bool { return queued(s.groups.of("install")) == 2 })
 	hold.open()
 	hold2.inside(t)
 	cancelB()
@@ -519,5 +519,72 @@ func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
 	wg.Wait()
 	if errC != nil || !errors.Is(errB, context.Canceled) {
 		t.Errorf("B's Finish (ctx ended) = %v, C's = %v; want context.Canceled and nil", errB, errC)
+	}
+}
+
+// A session's Finish and Work calls for one process that wait together
+// share one transaction, the end first: the machine finished is free for
+// the claim, and a failing commit callback fails only its Finish while the
+// claim that shared its group still commits.
+func TestEndsAndClaimsShareATransaction(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c) // choreographed: no injected failures in cockroach mode
+	s := e.session(c)
+	a, b, x := e.machine(), e.machine(), e.machine()
+	wa, err := s.Work(context.Background(), "install", retrieveAll(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := s.groups.of("install")
+	run := func(finish func(context.Context) error, claim func(*Tx) ([]uuid.UUID, error)) (*Work, error, error, int64) {
+		t.Helper()
+		hold := newLatch()
+		defer hold.open()
+		var wg sync.WaitGroup
+		wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
+		hold.inside(t)
+		var claimed *Work
+		var finishErr, claimErr error
+		wg.Go(func() { finishErr = finish(context.Background()) })
+		eventually(t, 5*time.Second, "the Finish queued", func() bool { return queued(q) == 1 })
+		wg.Go(func() { claimed, claimErr = s.Work(context.Background(), "install", claim) })
+		eventually(t, 5*time.Second, "the Work queued", func() bool { return queued(q) == 2 })
+		before := c.Stats().TxAttempts
+		hold.open()
+		wg.Wait()
+		return claimed, finishErr, claimErr, c.Stats().TxAttempts - before
+	}
+
+	// Finish a, and claim a again in the same transaction: it is free by
+	// the time the claim runs.
+	wb, finishErr, claimErr, attempts := run(func(ctx context.Context) error { return wa.Finish(ctx, tagCommit(a)) }, retrieveAll(a))
+	if finishErr != nil || claimErr != nil {
+		t.Fatalf("Finish: %v; Work: %v", finishErr, claimErr)
+	}
+	if wb.Machine() != a || !e.tagged(a) {
+		t.Fatalf("claimed %s (tagged: %v), want %s claimed again after its Finish committed", wb.Machine(), e.tagged(a), a)
+	}
+	if attempts != 1 { // after the held claim's attempt, one for both
+		t.Errorf("%d transaction attempts, want 1: the Finish and the Work in one", attempts)
+	}
+	if got := e.events(a, s); !slicesEqual(got, "install:Started@1", "install:Finished@1", "install:Started@1") {
+		t.Errorf("history of a = %v", got)
+	}
+
+	// A failing commit callback fails only its Finish; the Work of the
+	// same group claims b.
+	boom := errors.New("boom")
+	wc, finishErr, claimErr, _ := run(func(ctx context.Context) error {
+		return wb.Finish(ctx, func(*Tx) error { return boom })
+	}, retrieveAll(b))
+	if !errors.Is(finishErr, boom) || claimErr != nil || wc.Machine() != b {
+		t.Fatalf("Finish: %v (want boom); Work: %v, %v (want b)", finishErr, wc, claimErr)
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", a); n != 1 {
+		t.Errorf("a has %d claims after its Finish failed, want 1 (still held)", n)
+	}
+	if err := wb.Finish(context.Background(), noCommit); err != nil {
+		t.Errorf("Finish after the failed one: %v", err)
 	}
 }

@@ -57,6 +57,9 @@ type connector struct {
 	// driver uses context.Background()).
 	base   context.Context
 	faults *faults // nil: none
+	// stmtCacheSize is how many statements with parameters each connection
+	// keeps prepared (stmtcache.go); 0: none.
+	stmtCacheSize int
 }
 
 // newConnector parses dsn for a pool whose connections are bounded as
@@ -112,7 +115,7 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, contextError(ctx, abandoned(slot.conn, err))
 	}
 	pc := raw.(pqConn)
-	cn := &conn{pq: pc, nc: slot.conn, faults: c.faults}
+	cn := &conn{pq: pc, nc: slot.conn, faults: c.faults, cache: newStmtCache(c.stmtCacheSize)}
 	if cn.nc == nil { // not dialed by our dialer: cannot happen
 		pc.Close()
 		return nil, errors.New("bmdb: connection was not dialed by bmdb's dialer")
@@ -326,6 +329,7 @@ type conn struct {
 	nc     *netConn
 	faults *faults
 	unbase func() bool // stops the pool's base watch; nil if none
+	cache  *stmtCache  // nil: statements with parameters are not kept prepared
 
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
@@ -399,6 +403,9 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if err := c.faults.statement(c, query); err != nil {
 		return nil, err
 	}
+	if c.cache != nil && len(args) > 0 {
+		return c.execCached(ctx, query, args)
+	}
 	stop := c.nc.watch(ctx)
 	defer stop()
 	res, err := c.pq.ExecContext(never, query, args)
@@ -410,6 +417,9 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if err := c.faults.statement(c, query); err != nil {
 		return nil, err
+	}
+	if c.cache != nil && len(args) > 0 {
+		return c.queryCached(ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)
 	r, err := c.pq.QueryContext(never, query, args)
@@ -428,9 +438,18 @@ func (c *conn) Ping(ctx context.Context) error {
 }
 
 // ResetSession implements driver.SessionResetter: a cut connection is bad.
+// Statements retired from the cache are closed here, between uses.
 func (c *conn) ResetSession(ctx context.Context) error {
 	if c.nc.cutCause() != nil {
 		return driver.ErrBadConn
+	}
+	if c.cache != nil && len(c.cache.retired) > 0 {
+		stop := c.nc.watch(ctx)
+		err := c.cache.closeRetired()
+		stop()
+		if err != nil {
+			return driver.ErrBadConn
+		}
 	}
 	return c.pq.ResetSession(ctx)
 }
@@ -505,7 +524,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 	stop := s.c.nc.watch(ctx)
 	defer stop()
 	res, err := s.pq.(driver.StmtExecContext).ExecContext(never, args)
-	return res, s.c.err(err)
+	return res, s.c.retireIfStale(s.c.err(err))
 }
 
 // QueryContext implements driver.StmtQueryContext.
@@ -517,7 +536,7 @@ func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driv
 	r, err := s.pq.(driver.StmtQueryContext).QueryContext(never, args)
 	if err != nil {
 		stop()
-		return nil, s.c.err(err)
+		return nil, s.c.retireIfStale(s.c.err(err))
 	}
 	return &rows{c: s.c, pq: r, stop: stop}, nil
 }

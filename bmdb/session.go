@@ -50,10 +50,9 @@ type Session struct {
 	// goroutine is doing.
 	expiry *time.Timer
 
-	// claims and ends group the session's concurrent claims (per process)
-	// and ends into shared transactions (group.go).
-	claims claimQueues
-	ends   queue[*endRequest]
+	// groups gather the session's concurrent claims and ends, per
+	// process, into shared transactions (group.go, grouptx.go).
+	groups groupQueues
 
 	closeOnce sync.Once
 	closeErr  error
@@ -87,7 +86,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 		cancel:   cancel,
 		done:     make(chan struct{}),
 	}
-	s.ends.limit = c.cfg.MaxGroupSize
+	s.groups.limit = c.cfg.MaxGroupSize
 	s.setLocalDeadline(start.Add(s.lifetime))
 	s.expiry = time.AfterFunc(time.Hour, s.expireLocally)
 	s.expiry.Reset(time.Until(*s.localDeadline.Load()))

@@ -163,10 +163,11 @@ func (c *Connection) retry(ctx context.Context, attempt func(*attempts) error) e
 }
 
 // retryable reports whether err allows running the whole transaction
-// again: a serialization failure, a lock timeout, or a lease whose deadline
-// the transaction's snapshot had not seen extended.
+// again: a serialization failure, a lock timeout, a lease whose deadline
+// the transaction's snapshot had not seen extended, or a cached prepared
+// statement that went stale (prepared again on the next attempt).
 func retryable(err error) bool {
-	return isRetryable(err) || errors.Is(err, errStaleLease)
+	return isRetryable(err) || errors.Is(err, errStaleLease) || errors.Is(err, errStaleStatement)
 }
 
 // errConnectionBeforeCommit marks a connection failure before COMMIT was

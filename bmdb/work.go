@@ -89,8 +89,9 @@ func (w *Work) FencingToken() int64 { return w.token }
 // Work finds out which of its claims committed and returns those.
 //
 // Concurrent Work and WorkBatch calls of a session for the same process
-// share one claim transaction (see the package doc): each runs its own
-// retrieve in it and gets machines no other call of the group got. A call
+// share one transaction, with the process's concurrent ends (see the
+// package doc): each runs its own retrieve in it, after the ends, and gets
+// machines no other call of the group got. A call
 // whose ctx ends while it waits for its group leaves without claiming;
 // once its group's transaction has begun it waits for the outcome, which
 // is bounded by the session and by the latest deadline in the group.
@@ -307,8 +308,10 @@ func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process 
 // gone (taken over after expiry, or removed with the session) Finish returns
 // ErrWorkLost, or ErrSessionExpired, and commit does not take effect.
 //
-// Concurrent Finish, FinishWith, Cancel and Fail calls of a session share
-// one transaction (multi-row statements, each commit callback in turn); each
+// Concurrent Finish, FinishWith, Cancel and Fail calls of a session for
+// one process share one transaction, with the process's concurrent claims
+// (multi-row statements, each commit callback in turn, before the claims'
+// retrievals); each
 // returns its own outcome, and nil only once that transaction committed. A
 // call waits for its group once the group's transaction has started, even if
 // ctx ends.

@@ -78,8 +78,10 @@ type Config struct {
 	Commit *bmdb.CommitGroup
 	// Concurrency is how many machines the loop works on at once, each in
 	// a handler goroutine of its own; the loop claims for all its free
-	// handlers in one transaction. At most bmdb.MaxBatch. Defaults to
-	// ConcurrencyDefault.
+	// handlers in one transaction. A handler's slot is free again when its
+	// Work returns, while its claim is being ended (the next claim may share
+	// that end's transaction), so the loop holds up to 2*Concurrency
+	// claims. At most bmdb.MaxBatch. Defaults to ConcurrencyDefault.
 	Concurrency int
 	// Candidates is the limit passed to Retrieve. The loop tries the
 	// candidates in random order, so that loops of other processes spread
@@ -274,9 +276,12 @@ var errShutdown = errors.New("worker: shutdown grace period over")
 // claimer claims machines for the free handlers, and starts a handler for
 // each machine claimed, until claimCtx ends. busy holds a token per handler
 // at work (or about to be): the claimer waits for one to be free, then
-// claims for every free one in one call.
+// claims for every free one in one call. A handler gives its token back
+// when its Work returns, before its claim is ended, and holds one of
+// ending's tokens until then: the loop holds at most 2*Concurrency claims.
 func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, handlers *sync.WaitGroup) {
-	busy := make(chan struct{}, l.cfg.Concurrency)
+	busy := make(chan struct{}, l.cfg.Concurrency)   // a token per running handler
+	ending := make(chan struct{}, l.cfg.Concurrency) // a token per end in flight
 	poll := l.cfg.PollMin
 	for {
 		select {
@@ -312,14 +317,20 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		poll = l.cfg.PollMin
 		for _, w := range works {
 			handlers.Go(func() {
-				defer func() { <-busy }()
 				if claimCtx.Err() != nil {
 					// Claimed as shutdown began (a claim transaction
 					// runs for all its callers): give it back unworked.
+					defer func() { <-busy }()
 					l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
 					return
 				}
 				commit, err := l.cfg.Work(workCtx, w)
+				// The handler is done: its slot goes to the next claim,
+				// which can then share this end's transaction (one
+				// transaction per machine, not two).
+				ending <- struct{}{}
+				<-busy
+				defer func() { <-ending }()
 				l.settle(workCtx, w, commit, err)
 			})
 		}

@@ -1,0 +1,204 @@
+package bmdb
+
+import (
+	"container/list"
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/lib/pq"
+)
+
+// lib/pq runs a statement with parameters that was not prepared in two
+// round trips (parse and describe, then bind and execute), and the server
+// plans it anew each time. The statements of applications (retrievals,
+// commit callbacks, Transact bodies) are of that kind, and they are most of
+// a claim cycle's round trips. So each connection of a Connection's pool
+// keeps the statements it ran with parameters prepared, the most recently
+// used first, up to Config.StatementCacheSize: a repeated statement takes
+// one round trip and reuses its plan, as pgx's statement cache does.
+// Statements without parameters keep lib/pq's simple protocol (one round
+// trip already).
+//
+// A prepared statement can go stale: its result columns changed under it
+// (the server refuses to run it: "cached plan must not change result type")
+// or it was deallocated (DEALLOCATE or DISCARD ALL). The statement is then
+// dropped from the cache. Outside a transaction the call is run again at
+// once; inside one the transaction is aborted, and the error wraps
+// errStaleStatement, which bmdb's transactions retry like a serialization
+// failure.
+
+// errStaleStatement marks the failure of a cached prepared statement that
+// went stale; the next call prepares the statement again.
+var errStaleStatement = errors.New("bmdb: cached prepared statement went stale (schema changed or statement deallocated)")
+
+// Error codes of a stale prepared statement.
+const (
+	codeFeatureNotSupported   = "0A000" // with "cached plan must not change result type"
+	codeInvalidStatementName  = "26000" // the statement was deallocated
+	cachedPlanChangedFragment = "cached plan must not change result type"
+)
+
+// stmtCache is a connection's prepared statements by query text, least
+// recently used last. Calls on a connection are serialised by database/sql,
+// so it needs no lock.
+type stmtCache struct {
+	limit   int
+	byQuery map[string]*list.Element // of *cachedStmt
+	recency list.List                // most recently used first
+	// retired are statements dropped from the cache and not yet closed:
+	// they are closed between uses of the connection (ResetSession), not
+	// in the middle of a caller's transaction.
+	retired []driver.Stmt
+}
+
+// cachedStmt is one entry of a stmtCache.
+type cachedStmt struct {
+	query string
+	st    driver.Stmt
+}
+
+func newStmtCache(limit int) *stmtCache {
+	if limit <= 0 {
+		return nil
+	}
+	return &stmtCache{limit: limit, byQuery: map[string]*list.Element{}}
+}
+
+// get returns the statement prepared for query, or nil.
+func (c *stmtCache) get(query string) driver.Stmt {
+	e, ok := c.byQuery[query]
+	if !ok {
+		return nil
+	}
+	c.recency.MoveToFront(e)
+	return e.Value.(*cachedStmt).st
+}
+
+// put adds st for query, retiring the least recently used statement if the
+// cache is full.
+func (c *stmtCache) put(query string, st driver.Stmt) {
+	c.byQuery[query] = c.recency.PushFront(&cachedStmt{query: query, st: st})
+	if c.recency.Len() > c.limit {
+		c.drop(c.recency.Back().Value.(*cachedStmt).query)
+	}
+}
+
+// drop removes query's statement and retires it.
+func (c *stmtCache) drop(query string) {
+	e, ok := c.byQuery[query]
+	if !ok {
+		return
+	}
+	delete(c.byQuery, query)
+	c.recency.Remove(e)
+	c.retired = append(c.retired, e.Value.(*cachedStmt).st)
+}
+
+// closeRetired closes the retired statements; it stops at the first error
+// (the connection is then unusable, and so is what is left).
+func (c *stmtCache) closeRetired() error {
+	for len(c.retired) > 0 {
+		st := c.retired[0]
+		c.retired = c.retired[1:]
+		if err := st.Close(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isStale reports whether err says a prepared statement went stale.
+func isStale(err error) bool {
+	var pqErr *pq.Error
+	if !errors.As(err, &pqErr) {
+		return false
+	}
+	switch string(pqErr.Code) {
+	case codeInvalidStatementName:
+		return true
+	case codeFeatureNotSupported:
+		return strings.Contains(pqErr.Message, cachedPlanChangedFragment)
+	}
+	return false
+}
+
+// cachedStatement returns the prepared statement of query on c, preparing
+// it (bounded by ctx) if the cache does not hold it.
+func (c *conn) cachedStatement(ctx context.Context, query string) (driver.Stmt, error) {
+	if st := c.cache.get(query); st != nil {
+		return st, nil
+	}
+	stop := c.nc.watch(ctx)
+	defer stop()
+	st, err := c.pq.PrepareContext(never, query)
+	if err != nil {
+		return nil, c.err(err)
+	}
+	c.cache.put(query, st)
+	return st, nil
+}
+
+// staleError drops query's statement if err says it went stale, and
+// returns err marked with errStaleStatement; other errors are returned as
+// they are.
+func (c *conn) staleError(query string, err error) error {
+	if err == nil || !isStale(err) {
+		return err
+	}
+	c.cache.drop(query)
+	return fmt.Errorf("%w: %w", errStaleStatement, err)
+}
+
+// execCached runs query with args through its cached prepared statement.
+// Outside a transaction a stale statement is prepared again and the call
+// run once more.
+func (c *conn) execCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	for again := !c.inTx; ; again = false {
+		st, err := c.cachedStatement(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		stop := c.nc.watch(ctx)
+		res, err := st.(driver.StmtExecContext).ExecContext(never, args)
+		stop()
+		if err = c.staleError(query, c.err(err)); err == nil || !again || !errors.Is(err, errStaleStatement) {
+			return res, err
+		}
+	}
+}
+
+// retireIfStale handles the failure of one of bmdb's own statements,
+// which database/sql prepared on the connection once: if the statement
+// went stale, the connection is cut (closed, never pooled again) so that
+// the transaction's retry runs on another connection, where database/sql
+// prepares the statement anew; the error then wraps errStaleStatement.
+func (c *conn) retireIfStale(err error) error {
+	if err == nil || !isStale(err) {
+		return err
+	}
+	c.nc.cut(errStaleStatement)
+	return fmt.Errorf("%w: %w", errStaleStatement, err)
+}
+
+// queryCached is execCached for a query returning rows; ctx bounds the
+// reading of the rows too.
+func (c *conn) queryCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	for again := !c.inTx; ; again = false {
+		st, err := c.cachedStatement(ctx, query)
+		if err != nil {
+			return nil, err
+		}
+		stop := c.nc.watch(ctx)
+		r, err := st.(driver.StmtQueryContext).QueryContext(never, args)
+		if err == nil {
+			return &rows{c: c, pq: r, stop: stop}, nil
+		}
+		stop()
+		if err = c.staleError(query, c.err(err)); !again || !errors.Is(err, errStaleStatement) {
+			return nil, err
+		}
+	}
+}

@@ -1,0 +1,160 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// preparedCount returns how many statements with text query the
+// connection running tx holds prepared.
+func preparedCount(t *testing.T, tx *Tx, query string) int {
+	t.Helper()
+	var n int
+	// No parameters: lib/pq's simple protocol, never cached itself.
+	row := tx.DBTX().QueryRowContext(context.Background(),
+		"SELECT count(*) FROM pg_prepared_statements WHERE statement = '"+query+"'")
+	if err := row.Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// onePooledConnection opens a Connection whose pool has one connection,
+// so that every transaction runs on it.
+func onePooledConnection(e *env, mods ...func(*Config)) *Connection {
+	return e.open(append([]func(*Config){func(c *Config) { c.MaxOpenConns = 1 }}, mods...)...)
+}
+
+// A statement with parameters is prepared once per connection and reused
+// by later transactions; StatementCacheSize < 0 prepares nothing.
+func TestStatementCachePreparesOnce(t *testing.T) {
+	e := newEnv(t)
+	testdb.SkipOnCockroach(t, "counts statements in PostgreSQL's pg_prepared_statements")
+	const query = "SELECT $1::INT8 + 1"
+	for _, size := range []int{0, -1} {
+		c := onePooledConnection(e, func(c *Config) { c.StatementCacheSize = size })
+		exact(c)
+		s := e.session(c)
+		for i := range 3 {
+			err := s.Transact(context.Background(), func(tx *Tx) error {
+				var got int64
+				if err := tx.DBTX().QueryRowContext(context.Background(), query, i).Scan(&got); err != nil {
+					return err
+				}
+				if got != int64(i)+1 {
+					t.Errorf("got %d, want %d", got, i+1)
+				}
+				want := 1
+				if size < 0 {
+					want = 0
+				}
+				if n := preparedCount(t, tx, query); n != want {
+					t.Errorf("StatementCacheSize %d, transaction %d: %d prepared statements of %q, want %d", size, i, n, query, want)
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+// The cache holds at most StatementCacheSize statements per connection:
+// the least recently used are closed on the server.
+func TestStatementCacheIsBounded(t *testing.T) {
+	e := newEnv(t)
+	testdb.SkipOnCockroach(t, "counts statements in PostgreSQL's pg_prepared_statements")
+	c := onePooledConnection(e, func(c *Config) { c.StatementCacheSize = 3 })
+	exact(c)
+	s := e.session(c)
+	for i := range 10 {
+		err := s.Transact(context.Background(), func(tx *Tx) error {
+			_, err := tx.DBTX().ExecContext(context.Background(), fmt.Sprintf("SELECT $1::INT8 + %d", i), i)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := s.Transact(context.Background(), func(tx *Tx) error {
+		var n int
+		err := tx.DBTX().QueryRowContext(context.Background(),
+			"SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'SELECT $1::INT8 + %'").Scan(&n)
+		if err == nil && n != 3 {
+			t.Errorf("%d statements prepared, want the 3 most recent", n)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (Config{DSN: e.dsn, ComponentName: "x", StatementCacheSize: 10001}).validate(); !errors.Is(err, ErrInvalidArgument) {
+		t.Errorf("StatementCacheSize 10001: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// A cached statement whose result columns changed (ALTER TABLE) or that
+// was deallocated is prepared again: a transaction retries, a call outside
+// one runs again at once; neither returns an error.
+func TestStaleCachedStatementIsPreparedAgain(t *testing.T) {
+	e := newEnv(t)
+	c := onePooledConnection(e)
+	exact(c) // counts retries
+	s := e.session(c)
+	e.exec("CREATE TABLE t (a INT8 PRIMARY KEY)")
+	e.exec("INSERT INTO t VALUES (1)")
+	const query = "SELECT * FROM t WHERE a = $1"
+	columns := func() (int, error) {
+		var n int
+		err := s.Transact(context.Background(), func(tx *Tx) error {
+			rows, err := tx.DBTX().QueryContext(context.Background(), query, 1)
+			if err != nil {
+				return err
+			}
+			defer rows.Close()
+			cols, err := rows.Columns()
+			n = len(cols)
+			return err
+		})
+		return n, err
+	}
+	if n, err := columns(); err != nil || n != 1 {
+		t.Fatalf("before ALTER: %d columns, %v", n, err)
+	}
+	e.exec("ALTER TABLE t ADD COLUMN b TEXT")
+	retries := c.Stats().TxRetries
+	if n, err := columns(); err != nil || n != 2 {
+		t.Fatalf("after ALTER: %d columns, %v; want 2, nil", n, err)
+	}
+	if got := c.Stats().TxRetries - retries; got != 1 {
+		t.Errorf("%d retries, want 1 (the attempt with the stale statement)", got)
+	}
+
+	// Outside a transaction.
+	e.exec("ALTER TABLE t ADD COLUMN c TEXT")
+	rows, err := c.DB().QueryContext(context.Background(), query, 1)
+	if err != nil {
+		t.Fatalf("after a second ALTER, outside a transaction: %v", err)
+	}
+	cols, _ := rows.Columns()
+	rows.Close()
+	if len(cols) != 3 {
+		t.Errorf("%d columns, want 3", len(cols))
+	}
+
+	// Deallocated by the application, bmdb's own statements too: the
+	// connection is replaced, and the transaction retried on the new one.
+	if !testdb.Cockroach() {
+		if _, err := c.DB().ExecContext(context.Background(), "DEALLOCATE ALL"); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := columns(); err != nil || n != 3 {
+			t.Fatalf("after DEALLOCATE ALL: %d columns, %v; want 3, nil", n, err)
+		}
+	}
+}
