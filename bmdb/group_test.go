@@ -537,36 +537,42 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := s.groups.of("install")
-	run := func(finish func(context.Context) error, claim func(*Tx) ([]uuid.UUID, error)) (*Work, error, error, int64) {
+	type outcome struct {
+		claimed             *Work
+		finishErr, claimErr error
+		attempts            int64
+	}
+	run := func(finish func(context.Context) error, claim func(*Tx) ([]uuid.UUID, error)) outcome {
 		t.Helper()
 		hold := newLatch()
 		defer hold.open()
 		var wg sync.WaitGroup
 		wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
 		hold.inside(t)
-		var claimed *Work
-		var finishErr, claimErr error
-		wg.Go(func() { finishErr = finish(context.Background()) })
+		var o outcome
+		wg.Go(func() { o.finishErr = finish(context.Background()) })
 		eventually(t, 5*time.Second, "the Finish queued", func() bool { return queued(q) == 1 })
-		wg.Go(func() { claimed, claimErr = s.Work(context.Background(), "install", claim) })
+		wg.Go(func() { o.claimed, o.claimErr = s.Work(context.Background(), "install", claim) })
 		eventually(t, 5*time.Second, "the Work queued", func() bool { return queued(q) == 2 })
 		before := c.Stats().TxAttempts
 		hold.open()
 		wg.Wait()
-		return claimed, finishErr, claimErr, c.Stats().TxAttempts - before
+		o.attempts = c.Stats().TxAttempts - before
+		return o
 	}
 
 	// Finish a, and claim a again in the same transaction: it is free by
 	// the time the claim runs.
-	wb, finishErr, claimErr, attempts := run(func(ctx context.Context) error { return wa.Finish(ctx, tagCommit(a)) }, retrieveAll(a))
-	if finishErr != nil || claimErr != nil {
-		t.Fatalf("Finish: %v; Work: %v", finishErr, claimErr)
+	o := run(func(ctx context.Context) error { return wa.Finish(ctx, tagCommit(a)) }, retrieveAll(a))
+	if o.finishErr != nil || o.claimErr != nil {
+		t.Fatalf("Finish: %v; Work: %v", o.finishErr, o.claimErr)
 	}
+	wb := o.claimed
 	if wb.Machine() != a || !e.tagged(a) {
 		t.Fatalf("claimed %s (tagged: %v), want %s claimed again after its Finish committed", wb.Machine(), e.tagged(a), a)
 	}
-	if attempts != 1 { // after the held claim's attempt, one for both
-		t.Errorf("%d transaction attempts, want 1: the Finish and the Work in one", attempts)
+	if o.attempts != 1 { // after the held claim's attempt, one for both
+		t.Errorf("%d transaction attempts, want 1: the Finish and the Work in one", o.attempts)
 	}
 	if got := e.events(a, s); !slicesEqual(got, "install:Started@1", "install:Finished@1", "install:Started@1") {
 		t.Errorf("history of a = %v", got)
@@ -575,11 +581,11 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	// A failing commit callback fails only its Finish; the Work of the
 	// same group claims b.
 	boom := errors.New("boom")
-	wc, finishErr, claimErr, _ := run(func(ctx context.Context) error {
+	o = run(func(ctx context.Context) error {
 		return wb.Finish(ctx, func(*Tx) error { return boom })
 	}, retrieveAll(b))
-	if !errors.Is(finishErr, boom) || claimErr != nil || wc.Machine() != b {
-		t.Fatalf("Finish: %v (want boom); Work: %v, %v (want b)", finishErr, wc, claimErr)
+	if !errors.Is(o.finishErr, boom) || o.claimErr != nil || o.claimed.Machine() != b {
+		t.Fatalf("Finish: %v (want boom); Work: %v, %v (want b)", o.finishErr, o.claimed, o.claimErr)
 	}
 	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", a); n != 1 {
 		t.Errorf("a has %d claims after its Finish failed, want 1 (still held)", n)
