@@ -140,12 +140,15 @@ type Config struct {
 	// StatementCacheSize is how many statements with parameters each
 	// pooled connection keeps prepared, least recently used first out:
 	// statements run through a Tx or DB() (retrievals, commit callbacks)
-	// then take one round trip instead of lib/pq's two, and the server
-	// reuses their plans. A cached statement whose result columns changed
-	// under it (ALTER TABLE) or that was deallocated is prepared again; in a
-	// transaction, that attempt fails and bmdb's transactions retry it.
-	// Negative keeps no statement prepared (for a proxy that does not
-	// carry prepared statements across transactions); 0 means
+	// then take one round trip instead of lib/pq's two. A cached statement
+	// whose result columns changed under it (ALTER TABLE) or that was
+	// deallocated is prepared again; in a transaction, that attempt fails
+	// and bmdb's transactions retry it. PostgreSQL may give a statement it
+	// has run five times a generic plan, one for every parameter value; for
+	// a query whose best plan depends on the value (a skewed column), set
+	// plan_cache_mode=force_custom_plan for the role or database, or turn
+	// the cache off. Negative keeps none of the application's statements
+	// prepared (bmdb's own are prepared whatever this says); 0 means
 	// StatementCacheSizeDefault. At most 10000.
 	StatementCacheSize int
 

@@ -14,9 +14,9 @@ import (
 // CommitGroup commits the results of many Works at once, for applications
 // whose results can be written in one statement (an INSERT ... SELECT over
 // the machines' ids, say). Finishes that one transaction groups together
-// (concurrent Work.FinishWith calls of a session) and that pass the same
-// *CommitGroup are committed by one call of Commit with all their Works,
-// instead of one callback each. A CommitGroup is safe for concurrent use
+// (concurrent Work.FinishWith calls of a session for one process) and that
+// pass the same *CommitGroup are committed by one call of Commit with all
+// their Works, instead of one callback each. A CommitGroup is safe for concurrent use
 // and meant to be reused for every Finish of a kind.
 type CommitGroup struct {
 	// Commit applies the results of works inside tx; like Finish's commit,

@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// Concurrent claims (Work, WorkBatch) and ends (Finish, Cancel, Fail) of a
-// session for one process are served by one transaction: a group
-// (grouptx.go). A caller that finds no group running leads
-// one: it runs the group's transaction, hands each member its own result,
+// Concurrent claims (Work, WorkBatch) and ends (Finish, FinishWith, Cancel,
+// Fail) of a session for one process are served by one transaction: a
+// group (grouptx.go). A caller that finds no group running leads one: it
+// runs the group's transaction, hands each member its own result,
 // and passes the lead to the first caller that queued meanwhile. Every
 // attempt of the transaction, once admitted (Config.ClaimConcurrency),
 // first takes in whatever is queued, up to Config.MaxGroupSize. So groups

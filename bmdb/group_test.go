@@ -2,9 +2,12 @@ package bmdb
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -592,5 +595,58 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	}
 	if err := wb.Finish(context.Background(), noCommit); err != nil {
 		t.Errorf("Finish after the failed one: %v", err)
+	}
+}
+
+// When the COMMIT of a group of an end and a claim is ambiguous and the
+// claim is found held, the transaction committed: the Finish returns nil,
+// not ErrAmbiguousCommit, and the Work its machine.
+func TestAmbiguousGroupWithAClaimHeldCommittedItsEnds(t *testing.T) {
+	e := newWorkEnv(t)
+	// A long interval: no heartbeat commits while the hook is armed.
+	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+	exact(c)
+	var armed atomic.Bool
+	var pass atomic.Int32 // commits let through while armed
+	c.hooks.commit = func(tx *sql.Tx) error {
+		if err := tx.Commit(); err != nil || !armed.Load() || pass.Add(-1) >= 0 {
+			return err
+		}
+		armed.Store(false)
+		return io.ErrUnexpectedEOF // committed, but the answer was lost
+	}
+	s := e.session(c)
+	a, b, x := e.machine(), e.machine(), e.machine()
+	wa, err := s.Work(context.Background(), "install", retrieveAll(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := s.groups.of("install")
+	hold := newLatch()
+	defer hold.open()
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
+	hold.inside(t)
+	var finishErr, claimErr error
+	var wb *Work
+	wg.Go(func() { finishErr = wa.Finish(context.Background(), tagCommit(a)) })
+	eventually(t, 5*time.Second, "the Finish queued", func() bool { return queued(q) == 1 })
+	wg.Go(func() { wb, claimErr = s.Work(context.Background(), "install", retrieveAll(b)) })
+	eventually(t, 5*time.Second, "the Work queued", func() bool { return queued(q) == 2 })
+	pass.Store(1) // the held claim's commit, then the group's
+	armed.Store(true)
+	hold.open()
+	wg.Wait()
+	if armed.Load() {
+		t.Fatal("the group's COMMIT was not made ambiguous")
+	}
+	if finishErr != nil || claimErr != nil || wb.Machine() != b {
+		t.Fatalf("Finish: %v; Work: %v, %v; want nil and b", finishErr, wb, claimErr)
+	}
+	if !e.tagged(a) {
+		t.Error("a's commit callback did not take effect")
+	}
+	if got := e.events(a, s); !slicesEqual(got, "install:Started@1", "install:Finished@1") {
+		t.Errorf("history of a = %v", got)
 	}
 }

@@ -49,23 +49,49 @@ func (s *Session) inGroup(ctx context.Context, process string, op *groupOp) erro
 // the transaction fails with an error that one member may have caused (a
 // retrieve, a commit callback, a machine that does not exist), each member
 // runs in a transaction of its own instead, so that only that member fails
-// (an end's Work stays open).
+// (an end's Work stays open). If a group of claims and ends ran out of
+// retries, the ends, which may have joined at its last attempts, get a
+// transaction of their own.
 func (s *Session) runGroup(process string, g *group[*groupOp]) {
-	err := s.groupFor(g.ctx, process, priorityOf(requests(g.members)), func() []*groupOp { return requests(g.grow()) })
+	err := s.groupFor(g.ctx, process, func() int { return priorityOf(requests(g.members)) },
+		func() []*groupOp { return requests(g.grow()) })
 	ops := requests(g.members)
-	if len(ops) > 1 && g.isolate(err) {
+	switch {
+	case len(ops) > 1 && g.isolate(err):
 		for _, op := range ops {
-			if err := s.groupFor(g.ctx, process, priorityOf([]*groupOp{op}), func() []*groupOp { return []*groupOp{op} }); err != nil {
+			s.runAlone(g.ctx, process, []*groupOp{op})
+		}
+	case errors.Is(err, ErrRetriesExhausted) && hasClaimsAndEnds(ops):
+		var ends []*groupOp
+		for _, op := range ops {
+			if op.end != nil {
+				ends = append(ends, op)
+			} else {
 				op.fail(err)
 			}
 		}
-		return
+		s.runAlone(g.ctx, process, ends)
+	case err != nil:
+		for _, op := range ops {
+			op.fail(err)
+		}
 	}
+}
+
+// runAlone runs ops in a transaction of their own, without queued calls.
+func (s *Session) runAlone(ctx context.Context, process string, ops []*groupOp) {
+	err := s.groupFor(ctx, process, func() int { return priorityOf(ops) }, func() []*groupOp { return ops })
 	if err != nil {
 		for _, op := range ops {
 			op.fail(err)
 		}
 	}
+}
+
+// hasClaimsAndEnds reports whether ops holds both claims and ends.
+func hasClaimsAndEnds(ops []*groupOp) bool {
+	claims, ends := split(ops)
+	return len(claims) > 0 && len(ends) > 0
 }
 
 // fail gives op err as its result.
@@ -77,16 +103,16 @@ func (op *groupOp) fail(err error) {
 	op.end.err = err
 }
 
-// groupFor runs one group transaction, admitted at priority, for the ops
-// that members returns at the start of each attempt, all of process, and
-// sets their results. It
-// returns the transaction's error, after which the results are not to be
-// used, except that after an ambiguous COMMIT the claims that did commit
-// are found and handed to their members.
-func (s *Session) groupFor(ctx context.Context, process string, priority int, members func() []*groupOp) error {
+// groupFor runs one group transaction for the ops that members returns at
+// the start of each attempt, all of process, each attempt admitted at
+// priority(), and sets their results. It returns the transaction's error,
+// after which the results are not to be used, except after an ambiguous
+// COMMIT: the claims that committed are found and handed to their members,
+// and if any did, the transaction committed, ends included.
+func (s *Session) groupFor(ctx context.Context, process string, priority func() int, members func() []*groupOp) error {
 	var claims []*claimRequest
 	var ends []*endRequest
-	err := s.claimTransact(ctx, priority, func(tx *Tx) error {
+	err := s.claimTransactAt(ctx, priority, func(tx *Tx) error {
 		claims, ends = split(members())
 		if len(ends) > 0 {
 			if err := s.endInTx(ctx, tx, ends); err != nil {
@@ -98,16 +124,16 @@ func (s *Session) groupFor(ctx context.Context, process string, priority int, me
 		}
 		return nil
 	})
-	switch {
-	case err == nil:
+	if errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0 {
+		if err := s.resolveGroup(ctx, process, claims, err); err != nil {
+			return err
+		}
+		err = nil // some of its claims are held: it committed
+	}
+	if err == nil {
 		for _, r := range ends {
 			s.recordEnd(r)
 		}
-	case errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0:
-		for _, r := range ends {
-			r.err = err
-		}
-		return s.resolveGroup(ctx, process, claims, err)
 	}
 	return err
 }

@@ -265,12 +265,18 @@ func (s *Session) transactGated(ctx context.Context, enter gate, fn func(tx *Tx)
 // Its callbacks must not start claim transactions themselves: with one slot
 // they would wait for the one their caller holds.
 func (s *Session) claimTransact(ctx context.Context, priority int, fn func(tx *Tx) error) error {
+	return s.claimTransactAt(ctx, func() int { return priority }, fn)
+}
+
+// claimTransactAt is claimTransact with each attempt's priority given by
+// priority(), called before the attempt (a group's, which may have grown).
+func (s *Session) claimTransactAt(ctx context.Context, priority func() int, fn func(tx *Tx) error) error {
 	slots := s.conn.claimSlots
 	if slots == nil {
 		return s.transact(ctx, fn)
 	}
 	return s.transactGated(ctx, func(ctx context.Context) (func(), error) {
-		if err := slots.acquire(ctx, priority); err != nil {
+		if err := slots.acquire(ctx, priority()); err != nil {
 			return nil, err
 		}
 		return slots.release, nil

@@ -12,23 +12,27 @@ import (
 )
 
 // lib/pq runs a statement with parameters that was not prepared in two
-// round trips (parse and describe, then bind and execute), and the server
-// plans it anew each time. The statements of applications (retrievals,
-// commit callbacks, Transact bodies) are of that kind, and they are most of
-// a claim cycle's round trips. So each connection of a Connection's pool
-// keeps the statements it ran with parameters prepared, the most recently
-// used first, up to Config.StatementCacheSize: a repeated statement takes
-// one round trip and reuses its plan, as pgx's statement cache does.
-// Statements without parameters keep lib/pq's simple protocol (one round
-// trip already).
+// round trips (parse and describe, then bind and execute; one with its
+// binary_parameters option), and the server plans it anew each time. The
+// statements of applications (retrievals, commit callbacks, Transact
+// bodies) are of that kind, and they are most of a claim cycle's round
+// trips. So each connection of a Connection's pool keeps the statements it
+// ran with parameters prepared, the most recently used first, up to
+// Config.StatementCacheSize: a repeated statement takes one round trip and
+// may reuse its plan, as pgx's statement cache does. Statements without
+// parameters keep lib/pq's simple protocol (one round trip already).
 //
 // A prepared statement can go stale: its result columns changed under it
 // (the server refuses to run it: "cached plan must not change result type")
-// or it was deallocated (DEALLOCATE or DISCARD ALL). The statement is then
-// dropped from the cache. Outside a transaction the call is run again at
-// once; inside one the transaction is aborted, and the error wraps
-// errStaleStatement, which bmdb's transactions retry like a serialization
-// failure.
+// or it was deallocated (DEALLOCATE or DISCARD ALL, which drop them all).
+// The statement (all of them, if deallocated) is then dropped from the
+// cache. Outside a transaction the call is run again at once; inside one
+// the transaction is aborted, and the error wraps errStaleStatement, which
+// bmdb's transactions retry like a serialization failure. A statement
+// that fails otherwise, for a reason its prepared form may hold (its
+// parameter types, fixed when it was prepared, after an ALTER COLUMN
+// TYPE, say), is dropped too and prepared anew on its next use; the error
+// is returned as it is.
 
 // errStaleStatement marks the failure of a cached prepared statement that
 // went stale; the next call prepares the statement again.
@@ -97,6 +101,13 @@ func (c *stmtCache) drop(query string) {
 	c.retired = append(c.retired, e.Value.(*cachedStmt).st)
 }
 
+// dropAll removes every statement and retires them.
+func (c *stmtCache) dropAll() {
+	for query := range c.byQuery {
+		c.drop(query)
+	}
+}
+
 // closeRetired closes the retired statements; it stops at the first error
 // (the connection is then unusable, and so is what is left).
 func (c *stmtCache) closeRetired() error {
@@ -120,7 +131,23 @@ func isStale(err error) bool {
 	case codeInvalidStatementName:
 		return true
 	case codeFeatureNotSupported:
-		return strings.Contains(pqErr.Message, cachedPlanChangedFragment)
+		// The message may be translated (lc_messages); the routine that
+		// raises it is PostgreSQL's plan cache.
+		return pqErr.Routine == "RevalidateCachedQuery" || strings.Contains(pqErr.Message, cachedPlanChangedFragment)
+	}
+	return false
+}
+
+// keepsStatement reports whether a statement that failed with err may stay
+// prepared: the error says nothing about its prepared form (a constraint
+// violated, a serialization failure, a lock or a shutdown).
+func keepsStatement(err error) bool {
+	switch code := sqlState(err); {
+	case code == "":
+		return false
+	case strings.HasPrefix(code, "23"), strings.HasPrefix(code, "40"),
+		strings.HasPrefix(code, "55"), strings.HasPrefix(code, "57"), strings.HasPrefix(code, "08"):
+		return true
 	}
 	return false
 }
@@ -141,15 +168,25 @@ func (c *conn) cachedStatement(ctx context.Context, query string) (driver.Stmt, 
 	return st, nil
 }
 
-// staleError drops query's statement if err says it went stale, and
-// returns err marked with errStaleStatement; other errors are returned as
-// they are.
+// staleError handles the failure of query's cached statement: if err says
+// the statement went stale, it drops it (every statement, if it was
+// deallocated) and returns err marked with errStaleStatement; otherwise it
+// drops it unless keepsStatement, and returns err as it is.
 func (c *conn) staleError(query string, err error) error {
-	if err == nil || !isStale(err) {
-		return err
+	switch {
+	case err == nil:
+		return nil
+	case isStale(err):
+		if sqlState(err) == codeInvalidStatementName {
+			c.cache.dropAll()
+		} else {
+			c.cache.drop(query)
+		}
+		return fmt.Errorf("%w: %w", errStaleStatement, err)
+	case !keepsStatement(err):
+		c.cache.drop(query)
 	}
-	c.cache.drop(query)
-	return fmt.Errorf("%w: %w", errStaleStatement, err)
+	return err
 }
 
 // execCached runs query with args through its cached prepared statement.

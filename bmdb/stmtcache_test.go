@@ -158,3 +158,31 @@ func TestStaleCachedStatementIsPreparedAgain(t *testing.T) {
 		}
 	}
 }
+
+// A cached statement whose parameter types no longer fit its table (ALTER
+// COLUMN TYPE) fails at most once, and is prepared anew for the next call.
+func TestCachedStatementAfterColumnTypeChange(t *testing.T) {
+	e := newEnv(t)
+	testdb.SkipOnCockroach(t, "ALTER COLUMN TYPE runs in a job there")
+	c := onePooledConnection(e)
+	exact(c)
+	e.exec("CREATE TABLE t (a TEXT)")
+	e.exec(`INSERT INTO t VALUES ('{"k": 1}')`)
+	const query = "SELECT count(*) FROM t WHERE a = $1"
+	count := func() (int, error) {
+		var n int
+		err := c.DB().QueryRowContext(context.Background(), query, `{"k": 1}`).Scan(&n)
+		return n, err
+	}
+	if n, err := count(); err != nil || n != 1 {
+		t.Fatalf("before ALTER: %d, %v", n, err)
+	}
+	e.exec("ALTER TABLE t ALTER COLUMN a TYPE JSONB USING a::JSONB")
+	n, err := count()
+	if err != nil {
+		n, err = count()
+	}
+	if err != nil || n != 1 {
+		t.Fatalf("after ALTER COLUMN TYPE, twice: %d, %v; want 1, nil", n, err)
+	}
+}

@@ -319,8 +319,8 @@ func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process 
 // commit may run several times (see Transact) and must not be nil; it must
 // not call Work, Finish, Cancel or Fail of the same session (it would wait
 // for its own group). An error from commit fails only its own Finish and
-// leaves the Work open: the group's ends are then retried one at a time,
-// each in a transaction of its own.
+// leaves the Work open: the group's calls (ends and claims) are then
+// retried one at a time, each in a transaction of its own.
 func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
 	if commit == nil {
 		return invalidArgument("Finish: commit is nil")

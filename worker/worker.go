@@ -317,10 +317,17 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		poll = l.cfg.PollMin
 		for _, w := range works {
 			handlers.Go(func() {
+				freed := false
+				free := func() {
+					if !freed {
+						freed = true
+						<-busy
+					}
+				}
+				defer free() // also if Work exits its goroutine
 				if claimCtx.Err() != nil {
 					// Claimed as shutdown began (a claim transaction
 					// runs for all its callers): give it back unworked.
-					defer func() { <-busy }()
 					l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
 					return
 				}
@@ -329,8 +336,8 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 				// which can then share this end's transaction (one
 				// transaction per machine, not two).
 				ending <- struct{}{}
-				<-busy
 				defer func() { <-ending }()
+				free()
 				l.settle(workCtx, w, commit, err)
 			})
 		}
