@@ -89,8 +89,8 @@ type testHooks struct {
 type Stats struct {
 	// TxAttempts counts transaction attempts, first tries and retries.
 	TxAttempts int64
-	// TxRetries counts attempts that failed with a serialization error
-	// and were retried.
+	// TxRetries counts attempts that failed with a serialization error (or
+	// a lock timeout, or a cached statement gone stale) and were retried.
 	TxRetries int64
 	// TxCommitRetries counts the TxRetries whose error came from COMMIT.
 	TxCommitRetries int64

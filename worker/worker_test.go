@@ -575,3 +575,37 @@ func TestLoopCommitGroup(t *testing.T) {
 		t.Errorf("Commit called %d times for %d Works: want fewer calls than Works", c, w)
 	}
 }
+
+// With one handler, the end of a machine and the claim of the next share a
+// transaction: the handler's slot is free once its Work returns, and the
+// claimer's WorkBatch joins the Finish's group. About one transaction per
+// machine, not two.
+func TestLoopEndAndNextClaimShareATransaction(t *testing.T) {
+	const n = 30
+	e := newEnv(t, n)
+	transactions := func() int64 {
+		st := e.conn.Stats()
+		return st.TxAttempts - st.TxRetries - st.TxConnectionRetries
+	}
+	before := transactions()
+	_, stop := e.start(Config{
+		Concurrency: 1,
+		PollMin:     time.Millisecond,
+		PollMax:     10 * time.Millisecond,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			return markDone(w), nil
+		},
+	})
+	var used int64
+	eventually(t, 30*time.Second, "every machine done", func() bool {
+		used = transactions() - before
+		return e.count("SELECT count(*) FROM done") == n
+	})
+	stop()
+	t.Logf("%d transactions for %d machines", used, n)
+	// n ends with n claims, the session's start and a few polls; separate
+	// claim and end transactions would take 2n.
+	if used > n*3/2 {
+		t.Errorf("%d transactions for %d machines, want about one each (at most %d)", used, n, n*3/2)
+	}
+}
