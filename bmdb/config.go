@@ -140,7 +140,8 @@ type Config struct {
 	// StatementCacheSize is how many statements with parameters each
 	// pooled connection keeps prepared, least recently used first out:
 	// statements run through a Tx or DB() (retrievals, commit callbacks)
-	// then take one round trip instead of lib/pq's two. A cached statement
+	// are prepared the second time a connection runs them, and then take
+	// one round trip instead of lib/pq's two. A cached statement
 	// whose result columns changed under it (ALTER TABLE) or that was
 	// deallocated is prepared again; in a transaction, that attempt fails
 	// and bmdb's transactions retry it. PostgreSQL may give a statement it

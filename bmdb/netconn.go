@@ -403,7 +403,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if err := c.faults.statement(c, query); err != nil {
 		return nil, err
 	}
-	if c.cache != nil && len(args) > 0 {
+	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
 		return c.execCached(ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)
@@ -418,7 +418,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 	if err := c.faults.statement(c, query); err != nil {
 		return nil, err
 	}
-	if c.cache != nil && len(args) > 0 {
+	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
 		return c.queryCached(ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)

@@ -17,10 +17,13 @@ import (
 // statements of applications (retrievals, commit callbacks, Transact
 // bodies) are of that kind, and they are most of a claim cycle's round
 // trips. So each connection of a Connection's pool keeps the statements it
-// ran with parameters prepared, the most recently used first, up to
+// runs again with parameters prepared, the most recently used first, up to
 // Config.StatementCacheSize: a repeated statement takes one round trip and
-// may reuse its plan, as pgx's statement cache does. Statements without
-// parameters keep lib/pq's simple protocol (one round trip already).
+// may reuse its plan, as pgx's statement cache does. A statement is
+// prepared the second time the connection runs it, so that one-off
+// statements (built with a varying number of parameters, say) run as
+// before and churn nothing. Statements without parameters keep lib/pq's
+// simple protocol (one round trip already).
 //
 // A prepared statement can go stale: its result columns changed under it
 // (the server refuses to run it: "cached plan must not change result type")
@@ -56,6 +59,10 @@ type stmtCache struct {
 	// they are closed between uses of the connection (ResetSession), not
 	// in the middle of a caller's transaction.
 	retired []driver.Stmt
+	// seen are the texts of statements run once and not prepared, most
+	// recent first, up to limit: run again, they are prepared.
+	seen     map[string]*list.Element // of string
+	seenList list.List
 }
 
 // cachedStmt is one entry of a stmtCache.
@@ -68,7 +75,29 @@ func newStmtCache(limit int) *stmtCache {
 	if limit <= 0 {
 		return nil
 	}
-	return &stmtCache{limit: limit, byQuery: map[string]*list.Element{}}
+	return &stmtCache{limit: limit, byQuery: map[string]*list.Element{}, seen: map[string]*list.Element{}}
+}
+
+// worthPreparing reports whether query should run prepared: it is cached,
+// or this connection ran it before. A query seen for the first time is
+// remembered (the least recently seen forgotten past limit) and runs
+// unprepared.
+func (c *stmtCache) worthPreparing(query string) bool {
+	if _, ok := c.byQuery[query]; ok {
+		return true
+	}
+	if e, ok := c.seen[query]; ok {
+		c.seenList.Remove(e)
+		delete(c.seen, query)
+		return true
+	}
+	c.seen[query] = c.seenList.PushFront(query)
+	if c.seenList.Len() > c.limit {
+		oldest := c.seenList.Back()
+		c.seenList.Remove(oldest)
+		delete(c.seen, oldest.Value.(string))
+	}
+	return false
 }
 
 // get returns the statement prepared for query, or nil.
