@@ -16,14 +16,14 @@ import (
 // the machines' ids, say). Finishes that one transaction groups together
 // (concurrent Work.FinishWith calls of a session for one process) and that
 // pass the same *CommitGroup are committed by one call of Commit with all
-// their Works, instead of one callback each. A CommitGroup is safe for concurrent use
-// and meant to be reused for every Finish of a kind.
+// their Works, instead of one callback each. A CommitGroup is safe for
+// concurrent use and meant to be reused for every Finish of a kind.
 type CommitGroup struct {
 	// Commit applies the results of works inside tx; like Finish's commit,
 	// it may run several times, must wrap errors with %w, and must not call
-	// Work or the ends of the same session. If it fails,
-	// the Works are finished one at a time (Commit called with one Work
-	// each), so that only the failing ones fail. Required.
+	// Work or the ends of the same session. If it fails, the Works are
+	// finished one at a time (Commit called with one Work each), so that
+	// only the failing ones fail. Required.
 	Commit func(tx *Tx, works []*Work) error
 }
 
@@ -59,27 +59,17 @@ func (s *Session) recordEnd(r *endRequest) {
 	}
 }
 
-// endInTx is the body of an end transaction: per process, one multi-row
-// statement per kind of end (Finished, Failed, Canceled) deletes the claims
-// the session still holds, with their history; finished claims' backoffs
-// are cleared and failed ones' set; then the commit callbacks of the
-// finished Works run, a CommitGroup once for all its Works.
-func (s *Session) endInTx(ctx context.Context, tx *Tx, reqs []*endRequest) error {
+// endInTx is the body of the ends of a group, all of process: one
+// multi-row statement per kind of end (Finished, Failed, Canceled) deletes
+// the claims the session still holds, with their history; finished claims'
+// backoffs are cleared and failed ones' set; then the commit callbacks of
+// the finished Works run, a CommitGroup once for all its Works.
+func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*endRequest) error {
 	for _, r := range reqs {
 		r.err = nil
 	}
-	byProcess := map[string][]*endRequest{}
-	var processes []string
-	for _, r := range reqs {
-		if byProcess[r.w.process] == nil {
-			processes = append(processes, r.w.process)
-		}
-		byProcess[r.w.process] = append(byProcess[r.w.process], r)
-	}
-	for _, p := range processes {
-		if err := s.endClaims(ctx, tx, p, byProcess[p]); err != nil {
-			return err
-		}
+	if err := s.endClaims(ctx, tx, process, reqs); err != nil {
+		return err
 	}
 	return commitEnds(tx, reqs)
 }

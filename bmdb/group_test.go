@@ -525,6 +525,28 @@ func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
 	}
 }
 
+// behindHeldClaim holds a group of s for "install" open with a Work of x
+// whose retrieve waits, and starts each call once the ones before it have
+// queued behind that group. It returns release, which lets the group go
+// and waits for the calls.
+func behindHeldClaim(t *testing.T, s *Session, x uuid.UUID, calls ...func()) (release func()) {
+	t.Helper()
+	q := s.groups.of("install")
+	hold := newLatch()
+	t.Cleanup(hold.open)
+	var wg sync.WaitGroup
+	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
+	hold.inside(t)
+	for i, call := range calls {
+		wg.Go(call)
+		eventually(t, 5*time.Second, "the calls queued", func() bool { return queued(q) == i+1 })
+	}
+	return func() {
+		hold.open()
+		wg.Wait()
+	}
+}
+
 // A session's Finish and Work calls for one process that wait together
 // share one transaction, the end first: the machine finished is free for
 // the claim, and a failing commit callback fails only its Finish while the
@@ -539,7 +561,6 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := s.groups.of("install")
 	type outcome struct {
 		claimed             *Work
 		finishErr, claimErr error
@@ -547,19 +568,12 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	}
 	run := func(finish func(context.Context) error, claim func(*Tx) ([]uuid.UUID, error)) outcome {
 		t.Helper()
-		hold := newLatch()
-		defer hold.open()
-		var wg sync.WaitGroup
-		wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
-		hold.inside(t)
 		var o outcome
-		wg.Go(func() { o.finishErr = finish(context.Background()) })
-		eventually(t, 5*time.Second, "the Finish queued", func() bool { return queued(q) == 1 })
-		wg.Go(func() { o.claimed, o.claimErr = s.Work(context.Background(), "install", claim) })
-		eventually(t, 5*time.Second, "the Work queued", func() bool { return queued(q) == 2 })
+		release := behindHeldClaim(t, s, x,
+			func() { o.finishErr = finish(context.Background()) },
+			func() { o.claimed, o.claimErr = s.Work(context.Background(), "install", claim) })
 		before := c.Stats().TxAttempts
-		hold.open()
-		wg.Wait()
+		release()
 		o.attempts = c.Stats().TxAttempts - before
 		return o
 	}
@@ -621,22 +635,14 @@ func TestAmbiguousGroupWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := s.groups.of("install")
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
-	hold.inside(t)
 	var finishErr, claimErr error
 	var wb *Work
-	wg.Go(func() { finishErr = wa.Finish(context.Background(), tagCommit(a)) })
-	eventually(t, 5*time.Second, "the Finish queued", func() bool { return queued(q) == 1 })
-	wg.Go(func() { wb, claimErr = s.Work(context.Background(), "install", retrieveAll(b)) })
-	eventually(t, 5*time.Second, "the Work queued", func() bool { return queued(q) == 2 })
+	release := behindHeldClaim(t, s, x,
+		func() { finishErr = wa.Finish(context.Background(), tagCommit(a)) },
+		func() { wb, claimErr = s.Work(context.Background(), "install", retrieveAll(b)) })
 	pass.Store(1) // the held claim's commit, then the group's
 	armed.Store(true)
-	hold.open()
-	wg.Wait()
+	release()
 	if armed.Load() {
 		t.Fatal("the group's COMMIT was not made ambiguous")
 	}

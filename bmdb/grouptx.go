@@ -115,7 +115,7 @@ func (s *Session) groupFor(ctx context.Context, process string, priority func() 
 	err := s.claimTransactAt(ctx, priority, func(tx *Tx) error {
 		claims, ends = split(members())
 		if len(ends) > 0 {
-			if err := s.endInTx(ctx, tx, ends); err != nil {
+			if err := s.endInTx(ctx, tx, process, ends); err != nil {
 				return err
 			}
 		}

@@ -218,22 +218,45 @@ func (c *conn) staleError(query string, err error) error {
 	return err
 }
 
-// execCached runs query with args through its cached prepared statement.
-// Outside a transaction a stale statement is prepared again and the call
-// run once more.
-func (c *conn) execCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+// runCached runs query through its cached prepared statement with run.
+// Outside a transaction a stale statement is prepared again and run once
+// more.
+func runCached[T any](c *conn, ctx context.Context, query string, run func(st driver.Stmt) (T, error)) (T, error) {
 	for again := !c.inTx; ; again = false {
 		st, err := c.cachedStatement(ctx, query)
 		if err != nil {
-			return nil, err
+			var none T
+			return none, err
 		}
-		stop := c.nc.watch(ctx)
-		res, err := st.(driver.StmtExecContext).ExecContext(never, args)
-		stop()
+		res, err := run(st)
 		if err = c.staleError(query, c.err(err)); err == nil || !again || !errors.Is(err, errStaleStatement) {
 			return res, err
 		}
 	}
+}
+
+// execCached runs query with args through its cached prepared statement,
+// bounded by ctx.
+func (c *conn) execCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return runCached(c, ctx, query, func(st driver.Stmt) (driver.Result, error) {
+		stop := c.nc.watch(ctx)
+		defer stop()
+		return st.(driver.StmtExecContext).ExecContext(never, args)
+	})
+}
+
+// queryCached is execCached for a query returning rows; ctx bounds the
+// reading of the rows too.
+func (c *conn) queryCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return runCached(c, ctx, query, func(st driver.Stmt) (driver.Rows, error) {
+		stop := c.nc.watch(ctx)
+		r, err := st.(driver.StmtQueryContext).QueryContext(never, args)
+		if err != nil {
+			stop()
+			return nil, err
+		}
+		return &rows{c: c, pq: r, stop: stop}, nil
+	})
 }
 
 // retireIfStale handles the failure of one of bmdb's own statements,
@@ -247,24 +270,4 @@ func (c *conn) retireIfStale(err error) error {
 	}
 	c.nc.cut(errStaleStatement)
 	return fmt.Errorf("%w: %w", errStaleStatement, err)
-}
-
-// queryCached is execCached for a query returning rows; ctx bounds the
-// reading of the rows too.
-func (c *conn) queryCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	for again := !c.inTx; ; again = false {
-		st, err := c.cachedStatement(ctx, query)
-		if err != nil {
-			return nil, err
-		}
-		stop := c.nc.watch(ctx)
-		r, err := st.(driver.StmtQueryContext).QueryContext(never, args)
-		if err == nil {
-			return &rows{c: c, pq: r, stop: stop}, nil
-		}
-		stop()
-		if err = c.staleError(query, c.err(err)); !again || !errors.Is(err, errStaleStatement) {
-			return nil, err
-		}
-	}
 }

@@ -91,10 +91,10 @@ func (w *Work) FencingToken() int64 { return w.token }
 // Concurrent Work and WorkBatch calls of a session for the same process
 // share one transaction, with the process's concurrent ends (see the
 // package doc): each runs its own retrieve in it, after the ends, and gets
-// machines no other call of the group got. A call
-// whose ctx ends while it waits for its group leaves without claiming;
-// once its group's transaction has begun it waits for the outcome, which
-// is bounded by the session and by the latest deadline in the group.
+// machines no other call of the group got. A call whose ctx ends while it
+// waits for its group leaves without claiming; once its group's
+// transaction has begun it waits for the outcome, which is bounded by the
+// session and by the latest deadline in the group.
 // retrieve must not call Work or Finish of the same session (it would wait
 // for its own group).
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
@@ -311,10 +311,9 @@ func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process 
 // Concurrent Finish, FinishWith, Cancel and Fail calls of a session for
 // one process share one transaction, with the process's concurrent claims
 // (multi-row statements, each commit callback in turn, before the claims'
-// retrievals); each
-// returns its own outcome, and nil only once that transaction committed. A
-// call waits for its group once the group's transaction has started, even if
-// ctx ends.
+// retrievals); each returns its own outcome, and nil only once that
+// transaction committed. A call waits for its group once the group's
+// transaction has started, even if ctx ends.
 //
 // commit may run several times (see Transact) and must not be nil; it must
 // not call Work, Finish, Cancel or Fail of the same session (it would wait

@@ -316,32 +316,36 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		}
 		poll = l.cfg.PollMin
 		for _, w := range works {
-			handlers.Go(func() {
-				freed := false
-				free := func() {
-					if !freed {
-						freed = true
-						<-busy
-					}
-				}
-				defer free() // also if Work exits its goroutine
-				if claimCtx.Err() != nil {
-					// Claimed as shutdown began (a claim transaction
-					// runs for all its callers): give it back unworked.
-					l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
-					return
-				}
-				commit, err := l.cfg.Work(workCtx, w)
-				// The handler is done: its slot goes to the next claim,
-				// which can then share this end's transaction (one
-				// transaction per machine, not two).
-				ending <- struct{}{}
-				defer func() { <-ending }()
-				free()
-				l.settle(workCtx, w, commit, err)
-			})
+			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
 		}
 	}
+}
+
+// handle is the handler goroutine of w: it runs Config.Work and ends the
+// claim. It gives its busy token back once Work returns, holding one of
+// ending's tokens until the claim is ended.
+func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, ending chan struct{}) {
+	freed := false
+	free := func() {
+		if !freed {
+			freed = true
+			<-busy
+		}
+	}
+	defer free() // also if Work exits its goroutine
+	if claimCtx.Err() != nil {
+		// Claimed as shutdown began (a claim transaction runs for all its
+		// callers): give it back unworked.
+		l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
+		return
+	}
+	commit, err := l.cfg.Work(workCtx, w)
+	// The handler is done: its slot goes to the next claim, which can then
+	// share this end's transaction (one transaction per machine, not two).
+	ending <- struct{}{}
+	defer func() { <-ending }()
+	free()
+	l.settle(workCtx, w, commit, err)
 }
 
 // claim claims up to n machines in one call, with shuffled candidates.
