@@ -135,15 +135,20 @@ func (c cycle) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, err
 func (c cycle) finish(ctx context.Context, sess *bmdb.Session, works []*bmdb.Work) error {
 	if len(works) > 1 {
 		return sess.FinishAll(ctx, works, func(tx *bmdb.Tx, works []*bmdb.Work) error {
-			ids := make([]uuid.UUID, len(works))
-			for i, w := range works {
-				ids[i] = w.Machine()
-			}
-			_, err := tx.DBTX().ExecContext(ctx, commitManySQL, pq.Array(ids))
-			return err
+			return commitMany(ctx, tx, works)
 		})
 	}
 	return works[0].Finish(ctx, c.commit(ctx, works[0]))
+}
+
+// commitMany deletes the pending tags of works in one statement.
+func commitMany(ctx context.Context, tx *bmdb.Tx, works []*bmdb.Work) error {
+	ids := make([]uuid.UUID, len(works))
+	for i, w := range works {
+		ids[i] = w.Machine()
+	}
+	_, err := tx.DBTX().ExecContext(ctx, commitManySQL, pq.Array(ids))
+	return err
 }
 
 // finishCommit deletes the machine's pending tag.

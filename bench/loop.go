@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/worker"
@@ -22,8 +21,9 @@ import (
 // machines). It stops when every machine is done and checks that each was
 // finished exactly once. With groupCommit, the handler returns no commit
 // and worker.Config.Commit deletes the pending tags of all the machines
-// finished in one transaction in one statement. Claim latency is not measured (the loop does not
-// expose it); attempts and retries add up over the Connections.
+// finished in one transaction in one statement. Claim latency is not
+// measured (the loop does not expose it); attempts and retries add up over
+// the Connections.
 func loopOnce(ctx context.Context, dsn string, m, n, procs int, groupCommit bool) (result, check, error) {
 	const process = "bench"
 	conns := make([]*bmdb.Connection, procs)
@@ -62,12 +62,7 @@ func loopOnce(ctx context.Context, dsn string, m, n, procs int, groupCommit bool
 				return finishCommit(ctx, w), nil
 			},
 			Commit: &bmdb.CommitGroup{Commit: func(tx *bmdb.Tx, works []*bmdb.Work) error {
-				ids := make([]uuid.UUID, len(works))
-				for i, w := range works {
-					ids[i] = w.Machine()
-				}
-				_, err := tx.DBTX().ExecContext(ctx, commitManySQL, pq.Array(ids))
-				return err
+				return commitMany(ctx, tx, works)
 			}},
 			PollMin: time.Millisecond,
 			PollMax: 16 * time.Millisecond,

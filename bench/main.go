@@ -210,45 +210,57 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 			floor[n] = append(floor[n], r)
 			fmt.Fprintf(os.Stderr, "round %d N=%d floor %.0f/s", round, n, r.rate())
 
-			r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, cfg.candidates, 1)
-			if err != nil {
-				return err
-			}
-			bm[n] = append(bm[n], r)
-			checks = append(checks, fmt.Sprintf("round %d N=%-2d %s", round, n, chk))
-			fmt.Fprintf(os.Stderr, ", bmdb %.0f/s", r.rate())
-			if cfg.batch > 1 {
-				r, chk, err := bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, max(cfg.candidates, 2*cfg.batch), cfg.batch)
+			// measure runs one bmdb column, keeps its result and its
+			// exactly-once check, and prints its rate.
+			measure := func(into map[int][]result, checkLabel, rateLabel string, run func() (result, check, error)) error {
+				r, chk, err := run()
 				if err != nil {
 					return err
 				}
-				bb[n] = append(bb[n], r)
-				checks = append(checks, fmt.Sprintf("round %d N=%-2d batch %d %s", round, n, cfg.batch, chk))
-				fmt.Fprintf(os.Stderr, ", bmdb batch %.0f/s", r.rate())
+				into[n] = append(into[n], r)
+				checks = append(checks, fmt.Sprintf("round %d N=%-2d %s%s", round, n, checkLabel, chk))
+				fmt.Fprintf(os.Stderr, ", %s %.0f/s", rateLabel, r.rate())
+				return nil
+			}
+			err = measure(bm, "", "bmdb", func() (result, check, error) {
+				return bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, cfg.candidates, 1)
+			})
+			if err != nil {
+				return err
+			}
+			if cfg.batch > 1 {
+				err := measure(bb, fmt.Sprintf("batch %d ", cfg.batch), "bmdb batch", func() (result, check, error) {
+					return bmdbOnce(ctx, conn, cfg.machines, n, cfg.pick, max(cfg.candidates, 2*cfg.batch), cfg.batch)
+				})
+				if err != nil {
+					return err
+				}
 			}
 
-			r, chk, err = loopOnce(ctx, dsn, cfg.machines, n, 1, false)
-			if err != nil {
-				return fmt.Errorf("worker.Loop N=%d: %w", n, err)
+			loops := []struct {
+				into  map[int][]result
+				label string
+				procs int
+				group bool
+			}{
+				{loop, "loop", 1, false},
+				{loopGroup, "loop with Commit", 1, true},
+				{loop2, "loop 2 processes", 2, false},
 			}
-			loop[n] = append(loop[n], r)
-			checks = append(checks, fmt.Sprintf("round %d N=%-2d loop %s", round, n, chk))
-			fmt.Fprintf(os.Stderr, ", loop %.0f/s", r.rate())
-			r, chk, err = loopOnce(ctx, dsn, cfg.machines, n, 1, true)
-			if err != nil {
-				return fmt.Errorf("worker.Loop N=%d with Commit: %w", n, err)
-			}
-			loopGroup[n] = append(loopGroup[n], r)
-			checks = append(checks, fmt.Sprintf("round %d N=%-2d loop with Commit %s", round, n, chk))
-			fmt.Fprintf(os.Stderr, ", loop with Commit %.0f/s", r.rate())
-			if n >= 2 {
-				r, chk, err = loopOnce(ctx, dsn, cfg.machines, n, 2, false)
-				if err != nil {
-					return fmt.Errorf("worker.Loop N=%d in 2 processes: %w", n, err)
+			for _, l := range loops {
+				if l.procs > n {
+					continue
 				}
-				loop2[n] = append(loop2[n], r)
-				checks = append(checks, fmt.Sprintf("round %d N=%-2d loop 2 processes %s", round, n, chk))
-				fmt.Fprintf(os.Stderr, ", loop 2 processes %.0f/s", r.rate())
+				err := measure(l.into, l.label+" ", l.label, func() (result, check, error) {
+					r, chk, err := loopOnce(ctx, dsn, cfg.machines, n, l.procs, l.group)
+					if err != nil {
+						return r, chk, fmt.Errorf("worker.Loop N=%d, %s: %w", n, l.label, err)
+					}
+					return r, chk, nil
+				})
+				if err != nil {
+					return err
+				}
 			}
 
 			if r, err = rb.run(ctx, cfg.machines, n); err != nil {
