@@ -47,7 +47,7 @@ var leanRetrieval bool
 // commitSQL is the trivial commit of Finish: the machine no longer needs work.
 const commitSQL = `DELETE FROM bench_pending WHERE machine_id = $1`
 
-// commitManySQL is commitSQL for a FinishAll batch.
+// commitManySQL is commitSQL for a batch of Finishes (bmdb.CommitBatched).
 const commitManySQL = `DELETE FROM bench_pending WHERE machine_id = ANY ($1::UUID[])`
 
 // pick is how a worker chooses among the oldest candidates.
@@ -115,7 +115,8 @@ type cycle struct {
 	// untilEmpty keeps workers polling on ErrNothingToDo until limit claims.
 	untilEmpty bool
 	// batch > 1 claims up to batch machines per transaction (WorkBatch) and
-	// finishes them together (FinishAll).
+	// finishes them together (concurrent Finishes with one BatchCommit,
+	// which bmdb's batcher commits in one transaction).
 	batch int
 }
 
@@ -134,9 +135,16 @@ func (c cycle) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, err
 // finish ends the claims of one claim call.
 func (c cycle) finish(ctx context.Context, sess *bmdb.Session, works []*bmdb.Work) error {
 	if len(works) > 1 {
-		return sess.FinishAll(ctx, works, func(tx *bmdb.Tx, works []*bmdb.Work) error {
+		batch := bmdb.NewBatchCommit(func(tx *bmdb.Tx, works []*bmdb.Work) error {
 			return commitMany(ctx, tx, works)
 		})
+		errs := make([]error, len(works))
+		var wg sync.WaitGroup
+		for i, w := range works {
+			wg.Go(func() { errs[i] = w.Finish(ctx, nil, bmdb.CommitBatched(batch)) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
 	}
 	return works[0].Finish(ctx, c.commit(ctx, works[0]))
 }

@@ -61,9 +61,9 @@ func loopOnce(ctx context.Context, dsn string, m, n, procs int, groupCommit bool
 				}
 				return finishCommit(ctx, w), nil
 			},
-			Commit: &bmdb.CommitGroup{Commit: func(tx *bmdb.Tx, works []*bmdb.Work) error {
+			CommitBatch: func(tx *bmdb.Tx, works []*bmdb.Work) error {
 				return commitMany(ctx, tx, works)
-			}},
+			},
 			PollMin: time.Millisecond,
 			PollMax: 16 * time.Millisecond,
 		})

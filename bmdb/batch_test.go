@@ -3,7 +3,6 @@ package bmdb
 import (
 	"context"
 	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,16 +10,6 @@ import (
 
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
-
-// tagAll is a FinishAll commit that tags every machine.
-func tagAll(tx *Tx, works []*Work) error {
-	for _, w := range works {
-		if err := tagCommit(w.Machine())(tx); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 func machineSet(works []*Work) map[uuid.UUID]bool {
 	set := map[uuid.UUID]bool{}
@@ -31,8 +20,9 @@ func machineSet(works []*Work) map[uuid.UUID]bool {
 }
 
 // WorkBatch claims up to its limit, in order, skipping machines that are
-// claimed or in backoff; FinishAll ends them all in one transaction.
-func TestWorkBatchAndFinishAll(t *testing.T) {
+// claimed or in backoff; their Finishes, batched, end them all in one
+// transaction.
+func TestWorkBatchAndBatchedFinish(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open()
 	s1, s2 := e.session(c), e.session(c)
@@ -63,85 +53,51 @@ func TestWorkBatchAndFinishAll(t *testing.T) {
 		t.Fatalf("WorkBatch with every machine taken = %v, want ErrWorkConflict", err)
 	}
 
-	if err := s1.FinishAll(ctx, works, tagAll); err != nil {
-		t.Fatalf("FinishAll: %v", err)
+	tagAll := NewBatchCommit(func(tx *Tx, works []*Work) error {
+		for _, w := range works {
+			if err := tagCommit(w.Machine())(tx); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	errs := make([]error, len(works))
+	var finishes []func()
+	for i, w := range works {
+		finishes = append(finishes, func() { errs[i] = w.Finish(ctx, nil, CommitBatched(tagAll)) })
 	}
-	for _, w := range works {
-		if !e.tagged(w.Machine()) {
-			t.Errorf("machine %s not tagged", w.Machine())
+	behindHeldClaim(t, s1, ms[5], finishes...)()
+	for i, w := range works {
+		if errs[i] != nil || !e.tagged(w.Machine()) {
+			t.Errorf("Finish of %s = %v (tagged %v)", w.Machine(), errs[i], e.tagged(w.Machine()))
 		}
 		if got := e.events(w.Machine(), s1); !slicesEqual(got, "install:Started@1", "install:Finished@1") {
 			t.Errorf("history of %s = %v", w.Machine(), got)
 		}
 		if err := w.Cancel(ctx); !errors.Is(err, ErrWorkDone) {
-			t.Errorf("Cancel after FinishAll = %v", err)
+			t.Errorf("Cancel after Finish = %v", err)
 		}
+	}
+	if n := e.count("SELECT count(DISTINCT at) FROM work_history WHERE session_id = $1 AND event = 'Finished'", s1.ID()); n != 1 {
+		t.Errorf("the batched Finishes took %d statements, want 1", n)
 	}
 	if err := held.Finish(ctx, noCommit); err != nil {
 		t.Fatal(err)
 	}
 }
 
-// FinishAll is all or nothing: a lost claim fails the whole transaction,
-// ends only the lost Work, and the others finish afterwards.
-func TestFinishAllWithALostClaim(t *testing.T) {
-	e := newWorkEnv(t)
-	s := e.session(e.open())
-	ctx := context.Background()
-	ms := []uuid.UUID{e.machine(), e.machine(), e.machine()}
-	works, err := s.WorkBatch(ctx, "install", 3, retrieveAll(ms...))
-	if err != nil || len(works) != 3 {
-		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
-	}
-	e.exec("DELETE FROM work WHERE machine_id = $1", ms[1])
-	tag := tagAll
-	err = s.FinishAll(ctx, works, tag)
-	if !errors.Is(err, ErrWorkLost) || !strings.Contains(err.Error(), ms[1].String()) {
-		t.Fatalf("FinishAll with a lost claim = %v, want ErrWorkLost naming it", err)
-	}
-	if n := e.count("SELECT count(*) FROM tag"); n != 0 {
-		t.Fatalf("%d tags committed by a failed FinishAll", n)
-	}
-	if err := s.FinishAll(ctx, works, tag); !errors.Is(err, ErrWorkDone) {
-		t.Errorf("FinishAll again with the lost Work = %v, want ErrWorkDone", err)
-	}
-	if err := s.FinishAll(ctx, []*Work{works[0], works[2]}, tag); err != nil {
-		t.Fatalf("FinishAll of the rest: %v", err)
-	}
-	if n := e.count("SELECT count(*) FROM tag"); n != 2 {
-		t.Errorf("%d tags, want 2", n)
-	}
-}
-
 func TestBatchRejectsBadInput(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open()
-	s, other := e.session(c), e.session(c)
+	s := e.session(c)
 	ctx := context.Background()
-	m1, m2 := e.machine(), e.machine()
+	m1 := e.machine()
 	for _, limit := range []int{0, -1, MaxBatch + 1} {
 		if _, err := s.WorkBatch(ctx, "install", limit, retrieveAll(m1)); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("WorkBatch(limit %d) = %v", limit, err)
 		}
 	}
-	w, _ := s.Work(ctx, "install", retrieveAll(m1))
-	theirs, _ := other.Work(ctx, "install", retrieveAll(m2))
-	commit := func(*Tx, []*Work) error { return nil }
-	for name, tc := range map[string]struct {
-		works  []*Work
-		commit func(*Tx, []*Work) error
-	}{
-		"empty":           {nil, commit},
-		"nil commit":      {[]*Work{w}, nil},
-		"nil work":        {[]*Work{w, nil}, commit},
-		"twice":           {[]*Work{w, w}, commit},
-		"another session": {[]*Work{w, theirs}, commit},
-	} {
-		if err := s.FinishAll(ctx, tc.works, tc.commit); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("FinishAll(%s) = %v, want ErrInvalidArgument", name, err)
-		}
-	}
-	if n := e.count("SELECT count(*) FROM work"); n != 2 {
+	if n := e.count("SELECT count(*) FROM work"); n != 0 {
 		t.Errorf("refused calls changed the claims: %d left", n)
 	}
 }

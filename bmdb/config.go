@@ -1,6 +1,7 @@
 package bmdb
 
 import (
+	"cmp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -19,8 +20,8 @@ const (
 	MaxTxAttemptsDefault = 100
 	// MaxIdleConnsDefault is the default Config.MaxIdleConns.
 	MaxIdleConnsDefault = 32
-	// MaxGroupSizeDefault is the default Config.MaxGroupSize.
-	MaxGroupSizeDefault = 100
+	// MaxBatchSizeDefault is the default Config.MaxBatchSize.
+	MaxBatchSizeDefault = 100
 	// StatementCacheSizeDefault is the default Config.StatementCacheSize.
 	StatementCacheSizeDefault = 128
 	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
@@ -94,8 +95,9 @@ type Config struct {
 	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
 	MaxOpenConns int
 
-	// ClaimConcurrency bounds how many claim transactions (Work, WorkBatch,
-	// Finish, FinishAll, Cancel, Fail, ClearBackoff) of the connection run
+	// ClaimConcurrency bounds how many claim transactions (the batches of
+	// Work, WorkBatch, Finish, Cancel and Fail, and ClearBackoff) of the
+	// connection run
 	// at once; the others wait their turn (ctx-aware). On PostgreSQL,
 	// SERIALIZABLE claim transactions on the small, hot work table conflict
 	// with each other whatever machines they touch, so running them one at
@@ -130,11 +132,14 @@ type Config struct {
 	// not be negative. Defaults to MaxClockOffsetDefault.
 	MaxClockOffset time.Duration
 
-	// MaxGroupSize bounds how many concurrent calls of a session for one
-	// process one transaction serves: claims (Work, WorkBatch) and ends
-	// (Finish, FinishWith, Cancel, Fail) together. Must be in [1, MaxBatch];
-	// 1 gives every call a transaction of its own. Defaults to
-	// MaxGroupSizeDefault.
+	// MaxBatchSize bounds how many calls of a session for one process one
+	// batch serves (see "Batches" in the package doc). Must be in
+	// [1, MaxBatch]; 1 gives every call a transaction of its own. Defaults
+	// to MaxBatchSizeDefault.
+	MaxBatchSize int
+
+	// Deprecated: MaxGroupSize is the former name of MaxBatchSize, used
+	// when MaxBatchSize is not set.
 	MaxGroupSize int
 
 	// StatementCacheSize is how many statements with parameters each
@@ -192,8 +197,8 @@ func (c Config) withDefaults() Config {
 	if c.StatementCacheSize == 0 {
 		c.StatementCacheSize = StatementCacheSizeDefault
 	}
-	if c.MaxGroupSize == 0 {
-		c.MaxGroupSize = MaxGroupSizeDefault
+	if c.MaxBatchSize == 0 {
+		c.MaxBatchSize = cmp.Or(c.MaxGroupSize, MaxBatchSizeDefault)
 	}
 	return c
 }
@@ -235,8 +240,10 @@ func (c Config) validate() error {
 		return invalidArgument("Config.MaxClockOffset is %v, must not be negative", c.MaxClockOffset)
 	case c.StatementCacheSize > 10000:
 		return invalidArgument("Config.StatementCacheSize is %d, more than 10000", c.StatementCacheSize)
-	case c.MaxGroupSize < 1 || c.MaxGroupSize > MaxBatch:
+	case c.MaxGroupSize < 0 || c.MaxGroupSize > MaxBatch:
 		return invalidArgument("Config.MaxGroupSize is %d, must be in [1, %d]", c.MaxGroupSize, MaxBatch)
+	case c.MaxBatchSize < 1 || c.MaxBatchSize > MaxBatch:
+		return invalidArgument("Config.MaxBatchSize is %d, must be in [1, %d]", c.MaxBatchSize, MaxBatch)
 	case c.Application != nil:
 		return c.Application.validate()
 	}

@@ -22,8 +22,9 @@
 // Abandoned, and takes the machine. Expired sessions nobody took over are
 // deleted by garbage collection that every live session runs periodically.
 //
-// Every transaction re-checks its session. Session.Transact, Work, and the
-// Work's Finish, Cancel and Fail run in SERIALIZABLE transactions whose first
+// Every transaction re-checks its session. Session.Transact and the
+// batches of Work, WorkBatch, Finish, Cancel and Fail run in SERIALIZABLE
+// transactions whose first
 // statement checks deadline > statement_timestamp() and locks the session
 // row FOR KEY SHARE, and whose last statement, right before COMMIT, checks
 // the local deadline and the database clock again; Finish, Cancel and Fail
@@ -67,23 +68,42 @@
 //     Work.FencingToken, which grows with every claim of a (machine,
 //     process), and have the external system refuse older tokens.
 //
-// Claims scale by groups. On PostgreSQL, SERIALIZABLE tracks reads of the
-// small, hot work index per page, so concurrent claim transactions abort
-// each other whatever machines they touch; a Connection therefore runs its
-// claim transactions one at a time (Config.ClaimConcurrency, ends of claims
-// first). Concurrent calls of a session for one process share
-// transactions instead: its Work, WorkBatch, Finish, FinishWith, Cancel and
-// Fail calls are served by one transaction with multi-row statements, the
-// ends first, then the claims, each attempt taking in whatever is queued
-// when it begins (up to Config.MaxGroupSize). Each caller gets its own
-// result, nil only once its group committed; a lost claim or a failing
-// callback fails only its own caller (the group is then retried one call
-// at a time). worker.Loop relies on this: it claims for all its free
-// handlers in one WorkBatch, a handler's slot is free again as soon as its
-// work is done, so the end of one machine and the claim of the next share
-// a transaction, and its handlers' ends are grouped. Work.FinishWith and
-// CommitGroup let an application commit the results of a whole group in
-// one statement.
+// # Batches
+//
+// A session runs its claims and ends of each process on one goroutine,
+// the process's batcher, started on first use and ended with the session.
+// Work, WorkBatch, Finish, Cancel and Fail hand it a request and wait for
+// their own reply. The batcher takes what is waiting, up to
+// Config.MaxBatchSize requests, and runs one transaction for it (each
+// attempt also takes in the calls that arrived while it began), with one
+// multi-row statement per kind of end and per round of claims: the ends
+// first, then the claims, each running its own retrieve, so a machine
+// finished in a batch can be claimed again in it and each claim gets
+// machines no other claim of the batch got. Batches form from what waits
+// while the previous one runs: no timer adds latency at low load, and at
+// high load one transaction serves many calls. A Connection runs its
+// batches' transactions Config.ClaimConcurrency at a time, ends first.
+//
+// Each call gets its own outcome, nil only once its batch committed, and
+// one call's failure is its own: a lost claim fails only its end
+// (ErrWorkLost); a retrieve or commit callback that fails or panics fails
+// (or panics) only its own call, on the caller's goroutine, and the rest
+// of the batch runs again without it; a statement error any call may have
+// caused (ErrUnknownMachine) runs each call again alone; when claims and
+// ends run out of retries together, the ends run again on their own. After
+// an ambiguous COMMIT the batch's claims are looked up: if any is held,
+// the batch committed. A call whose ctx ends while it waits leaves without
+// effect; once its batch has begun, it waits for the outcome, which the
+// session and the latest deadline of the batch's calls bound. Callbacks run
+// on the batcher goroutine, so they must not call Work or the ends of the
+// same session and process: they would wait for their own batch.
+//
+// worker.Loop relies on batches: it claims for all its free handlers in
+// one WorkBatch, a handler's slot is free again as soon as its work is
+// done, so the end of one machine and the claim of the next share a
+// transaction, and its handlers' ends are batched. A BatchCommit, passed
+// to Finish with CommitBatched, commits the results of a batch's Works in
+// one call.
 //
 // Statements run in a Tx or on DB() with parameters are kept prepared per
 // pooled connection (Config.StatementCacheSize): one round trip instead of

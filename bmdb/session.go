@@ -50,9 +50,11 @@ type Session struct {
 	// goroutine is doing.
 	expiry *time.Timer
 
-	// groups gather the session's concurrent claims and ends, per
-	// process, into shared transactions (group.go, grouptx.go).
-	groups groupQueues
+	// batchers run the session's claims and ends, one per process
+	// (batcher.go). Written by callers of Work, WorkBatch and the ends,
+	// under batchersMu; each batcher's goroutine exits with the session.
+	batchersMu sync.Mutex
+	batchers   map[string]*batcher
 
 	closeOnce sync.Once
 	closeErr  error
@@ -86,7 +88,6 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 		cancel:   cancel,
 		done:     make(chan struct{}),
 	}
-	s.groups.limit = c.cfg.MaxGroupSize
 	s.setLocalDeadline(start.Add(s.lifetime))
 	s.expiry = time.AfterFunc(time.Hour, s.expireLocally)
 	s.expiry.Reset(time.Until(*s.localDeadline.Load()))
@@ -221,13 +222,11 @@ func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
 	return s.transact(ctx, fn)
 }
 
-// transact is Transact without argument checks.
-func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error) error {
-	return s.transactGated(ctx, nil, fn)
-}
-
-// transactGated is transact with each attempt admitted by enter.
-func (s *Session) transactGated(ctx context.Context, enter gate, fn func(tx *Tx) error) error {
+// transact is the Session's one way to run a transaction: Transact
+// without argument checks, with the Connection's options (opts). The
+// transaction first checks the session, then runs fn, then checks the
+// session again right before COMMIT; it is aborted if the session ends.
+func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error, opts ...txOption) error {
 	if err := s.alive(); err != nil {
 		return err
 	}
@@ -237,7 +236,7 @@ func (s *Session) transactGated(ctx context.Context, enter gate, fn func(tx *Tx)
 		stop()
 		cancel(nil)
 	}()
-	return s.conn.transactGated(ctx, enter, func(tx *Tx) error {
+	return s.conn.transact(ctx, func(tx *Tx) error {
 		if err := s.check(ctx, tx); err != nil {
 			return err
 		}
@@ -254,33 +253,7 @@ func (s *Session) transactGated(ctx context.Context, enter gate, fn func(tx *Tx)
 			hook(s.id)
 		}
 		return nil
-	})
-}
-
-// claimTransact is transact for claim transactions, bounded by
-// Config.ClaimConcurrency: each attempt waits for a slot, at priority (ends
-// of claims before new claims), as long as ctx and the session allow, and
-// gives it back before any wait to retry.
-//
-// Its callbacks must not start claim transactions themselves: with one slot
-// they would wait for the one their caller holds.
-func (s *Session) claimTransact(ctx context.Context, priority int, fn func(tx *Tx) error) error {
-	return s.claimTransactAt(ctx, func() int { return priority }, fn)
-}
-
-// claimTransactAt is claimTransact with each attempt's priority given by
-// priority(), called before the attempt (a group's, which may have grown).
-func (s *Session) claimTransactAt(ctx context.Context, priority func() int, fn func(tx *Tx) error) error {
-	slots := s.conn.claimSlots
-	if slots == nil {
-		return s.transact(ctx, fn)
-	}
-	return s.transactGated(ctx, func(ctx context.Context) (func(), error) {
-		if err := slots.acquire(ctx, priority()); err != nil {
-			return nil, err
-		}
-		return slots.release, nil
-	}, fn)
+	}, opts...)
 }
 
 // check verifies inside tx that the session is alive on the database clock,
@@ -417,10 +390,15 @@ func (s *Session) pokeOnce(deadline time.Time) (bool, error) {
 	return rows == 1, err
 }
 
-// collectGarbage runs one GC pass on behalf of the session, bounded so that
-// it cannot delay the next heartbeat much.
+// collectGarbage runs one GC pass on behalf of the session, on the
+// heartbeat goroutine, bounded so that it cannot delay the next heartbeat:
+// it ends by the time that heartbeat is due, and within interval/4.
 func (s *Session) collectGarbage() {
-	ctx, cancel := context.WithTimeout(s.ctx, s.interval/4)
+	budget := min(s.interval/4, time.Until(s.localDeadline.Load().Add(-s.lifetime/2)))
+	if budget < 10*time.Millisecond {
+		return // a heartbeat is due: the next period collects
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, budget)
 	defer cancel()
 	n, err := s.conn.CollectGarbage(ctx)
 	switch {

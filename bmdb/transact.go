@@ -79,9 +79,24 @@ const cockroachRestartsPerTx = 3
 
 var serializable = &sql.TxOptions{Isolation: sql.LevelSerializable}
 
-// transact runs fn in a SERIALIZABLE transaction and commits it, retrying on
-// serialization failures (SQLSTATE 40001, 40P01), lock timeouts (55P03) and
-// connection failures before COMMIT, until MaxTxAttempts attempts.
+// txOption admits the attempts of a transaction. bmdb's claim and end
+// transactions take a claim slot (Config.ClaimConcurrency) per attempt, ends
+// before claims; the zero txOption (every other transaction) is not gated.
+type txOption struct {
+	claimSlot bool
+	priority  int // priorityEnd or priorityClaim
+}
+
+// claimSlot is the txOption of claim and end transactions at priority.
+func claimSlot(priority int) txOption { return txOption{claimSlot: true, priority: priority} }
+
+// transact is the Connection's one way to run a transaction: it runs fn in
+// a SERIALIZABLE transaction and commits it, retrying on serialization
+// failures (SQLSTATE 40001, 40P01), lock timeouts (55P03) and connection
+// failures before COMMIT, until MaxTxAttempts attempts. With a claimSlot
+// option each attempt waits for a slot (ctx-aware) and gives it back before
+// any wait to retry; fn must then not start claim transactions itself (with
+// one slot it would wait for the one its caller holds).
 //
 // On CockroachDB an attempt restarts the transaction in place at a
 // savepoint (crdb.ExecuteInTx); every attempt's checks use the statement's
@@ -91,42 +106,36 @@ var serializable = &sql.TxOptions{Isolation: sql.LevelSerializable}
 // each attempt is a new transaction, and a 40001 from COMMIT is retried like
 // any other. Either way, attempts are separated by a jittered, capped,
 // growing wait.
-func (c *Connection) transact(ctx context.Context, fn func(*Tx) error) error {
-	return c.transactGated(ctx, nil, fn)
-}
-
-// gate admits one attempt of a transaction: it returns when the attempt may
-// begin, with the function that ends its admission, or ctx's cause. It
-// holds nothing across the waits between attempts.
-type gate func(ctx context.Context) (release func(), err error)
-
-// attempts counts the attempts of one transaction and keeps the last
-// retryable error, across savepoint restarts and new transactions.
-type attempts struct {
-	n, max int
-	last   error
-}
-
-// transactGated is transact with each attempt admitted by enter (nil: no
-// gate).
-func (c *Connection) transactGated(ctx context.Context, enter gate, fn func(*Tx) error) error {
+func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...txOption) error {
 	if c.closed.Load() {
 		return ErrConnectionClosed
+	}
+	var opt txOption
+	if len(opts) > 0 {
+		opt = opts[0]
+	}
+	slots := c.claimSlots
+	if !opt.claimSlot {
+		slots = nil
 	}
 	run := c.attemptPostgres
 	if c.engine == engineCockroach {
 		run = c.attemptCockroach
 	}
 	return c.retry(ctx, func(a *attempts) error {
-		if enter != nil {
-			release, err := enter(ctx)
-			if err != nil {
-				return err
-			}
-			defer release()
+		if err := slots.acquire(ctx, opt.priority); err != nil {
+			return err
 		}
+		defer slots.release()
 		return run(ctx, a, fn)
 	})
+}
+
+// attempts counts the attempts of one transaction and keeps the last
+// retryable error, across savepoint restarts and new transactions.
+type attempts struct {
+	n, max int
+	last   error
 }
 
 // retry runs attempt until it succeeds, fails for good, or MaxTxAttempts

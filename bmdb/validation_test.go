@@ -30,6 +30,8 @@ func TestOpenRejectsBadConfig(t *testing.T) {
 		{"Config.MaxTxAttempts", func(c *Config) { c.MaxTxAttempts = -1 }},
 		{"Config.MaxGroupSize", func(c *Config) { c.MaxGroupSize = -1 }},
 		{"Config.MaxGroupSize", func(c *Config) { c.MaxGroupSize = MaxBatch + 1 }},
+		{"Config.MaxBatchSize", func(c *Config) { c.MaxBatchSize = -1 }},
+		{"Config.MaxBatchSize", func(c *Config) { c.MaxBatchSize = MaxBatch + 1 }},
 		{"Config.MaxOpenConns", func(c *Config) { c.MaxOpenConns = -1 }},
 		{"Config.MaxIdleConns", func(c *Config) { c.MaxIdleConns = -1 }},
 		{"Config.DSN", func(c *Config) { c.DSN = "postgres://user:s3cret@host:notaport/db" }},

@@ -2,7 +2,6 @@ package bmdb
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -11,7 +10,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
-	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // Work is a claim of one machine for one process by a session: the
@@ -65,57 +63,54 @@ func (w *Work) ClaimID() uuid.UUID { return w.claimID }
 // package example of fencing.
 func (w *Work) FencingToken() int64 { return w.token }
 
-// Work claims a machine for process. In one transaction (see Transact) it
-// runs retrieve, which returns candidate machine ids in order of preference,
-// and claims the first candidate that is neither claimed for process nor in
-// backoff for it, recording a Started history row. If there is none, a claim
-// left by an expired session does not block: the same transaction deletes
-// that session, recording each of its claims as Abandoned, and takes the
-// first such candidate over. Deleting the session is what fences it: every
-// transaction of a session holds its row, so one still open (a stalled or
-// partitioned worker) either commits before the takeover or not at all.
+// Work claims a machine for process: WorkBatch with a limit of one. In one
+// transaction it runs retrieve, which returns candidate machine ids in
+// order of preference, and claims the first candidate that is neither
+// claimed for process nor in backoff for it, recording a Started history
+// row. If there is none, a claim left by an expired session does not
+// block: the same transaction deletes that session, recording each of its
+// claims as Abandoned, and takes the first such candidate over (see
+// "Fencing" in the package doc for why the expired holder then commits
+// nothing).
 //
 // retrieve should read only; it may run several times (see Transact). It
 // usually selects machines whose tags say they need the process and that
 // have no work row for it, with a LIMIT; it need not exclude backoff, which
-// Work enforces whatever retrieve returns.
+// Work enforces whatever retrieve returns. It runs on the session's
+// batcher goroutine for process (see "Batches" in the package doc), so it
+// must not call Work or the ends of the same session and process; if it
+// panics, Work panics with the same value.
 //
 // Work returns ErrNothingToDo when retrieve returns no candidate or only
 // candidates in backoff, ErrWorkConflict when the remaining candidates are
 // all claimed by live sessions (or by claims committing concurrently),
 // ErrUnknownMachine for a candidate that is not in the machines table, an
 // error wrapping ErrInvalidArgument for a bad process name or a nil
-// retrieve, and the errors of Transact. If the claim's COMMIT was ambiguous,
-// Work finds out which of its claims committed and returns those.
-//
-// Concurrent Work and WorkBatch calls of a session for the same process
-// share one transaction, with the process's concurrent ends (see the
-// package doc): each runs its own retrieve in it, after the ends, and gets
-// machines no other call of the group got. A call whose ctx ends while it
-// waits for its group leaves without claiming; once its group's
-// transaction has begun it waits for the outcome, which is bounded by the
-// session and by the latest deadline in the group.
-// retrieve must not call Work or Finish of the same session (it would wait
-// for its own group).
+// retrieve, ctx's cause if ctx ends before its batch begins, and the errors
+// of Transact. If the claim's COMMIT was ambiguous, Work finds out which of
+// its claims committed and returns those.
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
-	works, err := s.claimBatch(ctx, process, 1, retrieve)
+	works, err := s.WorkBatch(ctx, process, 1, retrieve)
 	if err != nil {
 		return nil, err
 	}
 	return works[0], nil
 }
 
-// claim is one claim taken by a claim transaction.
-type claim struct {
-	machine uuid.UUID
-	id      uuid.UUID // work.claim_id: what Finish, Cancel and Fail fence on
-	token   int64     // its fencing token
-}
+// MaxBatch is the largest limit of WorkBatch.
+const MaxBatch = 1000
 
-// claimBatch is Work and WorkBatch: it claims up to limit candidates, in a
-// transaction that may serve the session's other concurrent claims of
-// process too (claimgroup.go).
-func (s *Session) claimBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
+// WorkBatch is Work for up to limit machines at once: it claims as many
+// of retrieve's candidates as it can, in order, up to limit, and returns
+// one Work for each, to be ended on its own. A batch holds its machines
+// until each ends, so keep limit near what a worker processes at once
+// (worker.Loop claims for its free handlers). It returns an error wrapping
+// ErrInvalidArgument for limit outside [1, MaxBatch], and otherwise the
+// errors of Work.
+func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
+	if limit < 1 || limit > MaxBatch {
+		return nil, invalidArgument("WorkBatch: limit is %d, must be in [1, %d]", limit, MaxBatch)
+	}
 	if err := ValidateProcess(process); err != nil {
 		return nil, err
 	}
@@ -123,9 +118,11 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
 	start := time.Now()
-	r := &claimRequest{limit: limit, retrieve: retrieve}
-	err := s.claimGrouped(ctx, process, r)
-	claims, abandoned := r.claims, r.abandoned
+	c := &claimRequest{limit: limit, retrieve: retrieve}
+	err := s.do(ctx, process, &request{claim: c})
+	if err == nil {
+		err = c.err
+	}
 	metrics := s.conn.metrics
 	if err != nil {
 		if errors.Is(err, ErrWorkConflict) {
@@ -133,215 +130,56 @@ func (s *Session) claimBatch(ctx context.Context, process string, limit int, ret
 		}
 		return nil, err
 	}
-	metrics.workEvents(abandoned, store.WorkHistoryEventAbandoned)
-	works := make([]*Work, len(claims))
-	for i, c := range claims {
-		works[i] = &Work{s: s, machine: c.machine, process: process, claimID: c.id, token: c.token}
+	metrics.workEvents(c.abandoned, store.WorkHistoryEventAbandoned)
+	works := make([]*Work, len(c.claims))
+	for i, got := range c.claims {
+		works[i] = &Work{s: s, machine: got.machine, process: process, claimID: got.id, token: got.token}
 		metrics.workEvent(process, store.WorkHistoryEventStarted)
 		metrics.claimed(process, time.Since(start).Seconds())
 	}
 	return works, nil
 }
 
-// resolveAmbiguousClaims finds out, after the connection failed during the
-// claim's COMMIT (ambiguous), which of the claims that transaction made did
-// commit (their claim ids are in the work table), so that no claim is left
-// held by a live session with nobody working on it. It keeps trying while
-// ctx and the session allow, and returns ambiguous if none committed.
-func (s *Session) resolveAmbiguousClaims(ctx context.Context, process string, claims []claim, ambiguous error) ([]claim, error) {
-	var held []claim
-	for delay := txRetryBase; ; delay = min(2*delay, txRetryCap) {
-		err := s.claimTransact(ctx, priorityEnd, func(tx *Tx) error {
-			held = held[:0]
-			for _, c := range claims {
-				w, err := tx.q.WorkGet(ctx, store.WorkGetParams{MachineID: c.machine, Process: process})
-				switch {
-				case errors.Is(err, sql.ErrNoRows):
-				case err != nil:
-					return err
-				case w.ClaimID == c.id:
-					held = append(held, c)
-				}
-			}
-			return nil
-		})
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil || s.ctx.Err() != nil {
-			// Close, or the session's expiry, removes whatever committed.
-			return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
-		}
-		if wait.Sleep(ctx, delay) != nil {
-			return nil, fmt.Errorf("%w; then, finding out what it claimed: %w", ambiguous, err)
-		}
-	}
-	if len(held) == 0 {
-		return nil, ambiguous
-	}
-	return held, nil
-}
-
-// claimMany runs WorkClaimMany on machines and returns the claims made, in
-// the order of machines.
-func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]claim, error) {
-	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
-		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-	})
-	if sqlState(err) == codeForeignKeyViolation {
-		return nil, fmt.Errorf("%w: retrieve returned a machine that does not exist for %q: %w", ErrUnknownMachine, process, err)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
-	}
-	byMachine := make(map[uuid.UUID]claim, len(rows))
-	for _, r := range rows {
-		byMachine[r.MachineID] = claim{machine: r.MachineID, id: r.ClaimID.UUID, token: r.FencingToken.Int64}
-	}
-	var claimed []claim
-	for _, m := range machines {
-		if c, ok := byMachine[m]; ok {
-			claimed = append(claimed, c)
-		}
-	}
-	return claimed, nil
-}
-
-// distinct returns ids without repetitions, in first-seen order.
-func distinct(ids []uuid.UUID) []uuid.UUID {
-	if len(ids) < 2 {
-		return ids
-	}
-	seen := make(map[uuid.UUID]bool, len(ids))
-	out := ids[:0:0]
-	for _, id := range ids {
-		if !seen[id] {
-			seen[id] = true
-			out = append(out, id)
-		}
-	}
-	return out
-}
-
-// takeOverFirst takes over the first candidate whose claim is held by an
-// expired session, or says why no candidate can be claimed. It returns the
-// processes of the claims it ended as Abandoned.
-func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, []string, error) {
-	conflict := false
-	for _, machine := range candidates {
-		state, err := tx.q.WorkClaimState(ctx, store.WorkClaimStateParams{MachineID: machine, Process: process})
-		if err != nil {
-			return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
-		}
-		switch {
-		case state.InBackoff:
-			continue
-		case state.ClaimedLive || !state.Claimed:
-			conflict = true
-			continue
-		}
-		abandoned, err := s.takeOver(ctx, tx, process, machine, state.Holder)
-		if err != nil {
-			return claim{}, nil, err
-		}
-		if abandoned == nil { // the holder came back to life, or went: try the next
-			conflict = true
-			continue
-		}
-		c, err := s.start(ctx, tx, machine, process)
-		if err != nil {
-			return claim{}, nil, err
-		}
-		return c, abandoned, nil
-	}
-	if conflict {
-		return claim{}, nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
-	}
-	return claim{}, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
-}
-
-// takeOver supersedes the expired session holding (machine, process): it
-// locks the session row (waiting for that session's open transactions,
-// which hold it), ends all its claims as Abandoned and deletes it. It
-// returns the processes of the claims ended, or nil if holder is alive or
-// gone by now.
-func (s *Session) takeOver(ctx context.Context, tx *Tx, process string, machine, holder uuid.UUID) ([]string, error) {
-	_, err := tx.q.SessionLockIfExpired(ctx, holder)
-	if errors.Is(err, sql.ErrNoRows) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bmdb: Work(%q): taking %s over from session %s: %w", process, machine, holder, err)
-	}
-	abandoned, _, err := supersede(ctx, tx, []uuid.UUID{holder})
-	if err != nil {
-		return nil, fmt.Errorf("bmdb: Work(%q): taking %s over from session %s: %w", process, machine, holder, err)
-	}
-	if abandoned == nil {
-		abandoned = []string{}
-	}
-	return abandoned, nil
-}
-
-// start inserts the claim, its Started history row and its fencing token.
-func (s *Session) start(ctx context.Context, tx *Tx, machine uuid.UUID, process string) (claim, error) {
-	row, err := tx.q.WorkStart(ctx, store.WorkStartParams{
-		MachineID: machine, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-	})
-	switch sqlState(err) {
-	case "":
-	case codeUniqueViolation:
-		return claim{}, fmt.Errorf("%w (process %q, machine %s): %w", ErrWorkConflict, process, machine, err)
-	case codeForeignKeyViolation:
-		return claim{}, fmt.Errorf("%w: %s (process %q): %w", ErrUnknownMachine, machine, process, err)
-	}
-	if err != nil {
-		return claim{}, fmt.Errorf("bmdb: Work(%q): claiming %s: %w", process, machine, err)
-	}
-	return claim{machine: machine, id: row.ClaimID.UUID, token: row.FencingToken.Int64}, nil
-}
-
 // Finish ends the Work successfully: in one transaction it deletes the
 // claim (only if this session still holds it), records Finished, clears any
-// backoff of (machine, process), and runs commit, which applies the result of
-// the work, e.g. sets the application's tag for the machine. If the claim is
-// gone (taken over after expiry, or removed with the session) Finish returns
-// ErrWorkLost, or ErrSessionExpired, and commit does not take effect.
+// backoff of (machine, process), and runs commit, which applies the result
+// of the work, e.g. sets the application's tag for the machine. If the claim
+// is gone (taken over after expiry, or removed with the session) Finish
+// returns ErrWorkLost, or ErrSessionExpired, and commit does not take
+// effect. Finish, Cancel and Fail share their transaction with the
+// session's other claims and ends of the process (see "Batches" in the
+// package doc): each returns its own outcome, and nil only once that
+// transaction committed.
 //
-// Concurrent Finish, FinishWith, Cancel and Fail calls of a session for
-// one process share one transaction, with the process's concurrent claims
-// (multi-row statements, each commit callback in turn, before the claims'
-// retrievals); each returns its own outcome, and nil only once that
-// transaction committed. A call waits for its group once the group's
-// transaction has started, even if ctx ends.
-//
-// commit may run several times (see Transact) and must not be nil; it must
-// not call Work, Finish, Cancel or Fail of the same session (it would wait
-// for its own group). An error from commit fails only its own Finish and
-// leaves the Work open: the group's calls (ends and claims) are then
-// retried one at a time, each in a transaction of its own.
-func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error) error {
-	if commit == nil {
+// commit may run several times (see Transact), on the session's batcher
+// goroutine: it must not call Work, Finish, Cancel or Fail of the same
+// session and process; if it panics, Finish panics with the same value and
+// the Work stays open. An error from commit, wrapped with the machine and
+// the process, fails only this Finish and leaves the Work open. commit must
+// not be nil, unless opts hold CommitBatched, which commits the result with
+// a BatchCommit instead (commit must then be nil).
+func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error, opts ...FinishOption) error {
+	r := &endRequest{w: w, event: store.WorkHistoryEventFinished, commit: commit}
+	for _, o := range opts {
+		r.batch = o.batch
+		if r.batch == nil {
+			return invalidArgument("Finish: CommitBatched of a nil BatchCommit (make one with NewBatchCommit)")
+		}
+	}
+	switch {
+	case r.batch == nil && commit == nil:
 		return invalidArgument("Finish: commit is nil")
+	case r.batch != nil && commit != nil:
+		return invalidArgument("Finish: both a commit and CommitBatched")
 	}
-	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventFinished, commit: commit})
-}
-
-// FinishWith is Finish with the result committed by g, once for all the
-// Works of its transaction that pass g (see CommitGroup). It returns an
-// error wrapping ErrInvalidArgument if g or g.Commit is nil.
-func (w *Work) FinishWith(ctx context.Context, g *CommitGroup) error {
-	if g == nil || g.Commit == nil {
-		return invalidArgument("FinishWith: the CommitGroup or its Commit is nil")
-	}
-	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventFinished, group: g})
+	return w.end(ctx, r)
 }
 
 // Cancel ends the Work without a result and without backoff: it deletes the
 // claim (only if this session still holds it) and records Canceled, so that
 // the machine can be claimed again at once. Use it when the work was
 // interrupted, e.g. on shutdown. It returns ErrWorkLost or ErrSessionExpired
-// if the claim was already gone. Like Finish, it may share its transaction.
+// if the claim was already gone. Like Finish, it shares its transaction.
 func (w *Work) Cancel(ctx context.Context) error {
 	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventCanceled})
 }
@@ -352,7 +190,7 @@ func (w *Work) Cancel(ctx context.Context) error {
 // grown from the previous one (see Backoff). cause is truncated to
 // MaxCauseLength bytes. It returns an error wrapping ErrInvalidArgument for
 // an invalid backoff, and ErrWorkLost or ErrSessionExpired if the claim was
-// already gone. Like Finish, it may share its transaction.
+// already gone. Like Finish, it shares its transaction.
 func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 	if backoff != nil {
 		if err := backoff.Validate(); err != nil {
@@ -373,7 +211,10 @@ func (w *Work) end(ctx context.Context, r *endRequest) error {
 		w.ended = claimGone(err)
 		return err
 	}
-	err := w.s.endGrouped(ctx, r)
+	err := w.s.do(ctx, w.process, &request{end: r})
+	if err == nil {
+		err = r.err
+	}
 	if err == nil || claimGone(err) {
 		w.ended = true
 	}

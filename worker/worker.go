@@ -4,11 +4,10 @@
 // (success), Fail with backoff (error) or Cancel (shutdown), recreating the
 // session when it expires.
 //
-// A Loop owns one session at a time. Its claimer claims as many machines as
-// it has free handlers in one transaction (Session.WorkBatch), and the
-// handlers' concurrent Finish, Fail and Cancel calls are committed together
-// by bmdb (see Work.Finish), so the per-machine handler the application
-// writes costs a fraction of two transactions per machine.
+// A Loop owns one session at a time. Its claimer claims for all its free
+// handlers in one Session.WorkBatch, and its handlers end their claims
+// with Finish, Fail and Cancel, which bmdb batches (see "Batches" in
+// package bmdb's doc).
 //
 // Processing runs under a context that is cancelled when that session ends,
 // so a worker that lost its claims stops working on them; it is not
@@ -69,13 +68,14 @@ type Config struct {
 	Retrieve Retrieve
 	// Work processes one claimed machine. Required.
 	Work Process
-	// Commit, if set, commits the results of the machines whose Work
-	// returned a nil commit and no error, for all the machines that bmdb
-	// finishes in one transaction at once (Work.FinishWith): one statement
-	// for many machines instead of a callback each, for applications whose
-	// results can be written that way. Defaults to nil: such machines are
+	// CommitBatch, if set, commits the results of the machines whose Work
+	// returned a nil commit and no error, once for all such machines that
+	// one of bmdb's batches finishes (bmdb.CommitBatched): one statement for
+	// many machines instead of a callback each, for applications whose
+	// results can be written that way. It has the contract of
+	// bmdb.NewBatchCommit's commit. Defaults to nil: such machines are
 	// finished with nothing committed beyond ending their claims.
-	Commit *bmdb.CommitGroup
+	CommitBatch func(tx *bmdb.Tx, works []*bmdb.Work) error
 	// Concurrency is how many machines the loop works on at once, each in
 	// a handler goroutine of its own; the loop claims for all its free
 	// handlers in one transaction. A handler's slot is free again when its
@@ -140,8 +140,6 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: worker.Config.Retrieve is nil", bmdb.ErrInvalidArgument)
 	case c.Work == nil:
 		return fmt.Errorf("%w: worker.Config.Work is nil", bmdb.ErrInvalidArgument)
-	case c.Commit != nil && c.Commit.Commit == nil:
-		return fmt.Errorf("%w: worker.Config.Commit.Commit is nil", bmdb.ErrInvalidArgument)
 	case c.Concurrency < 1 || c.Concurrency > bmdb.MaxBatch:
 		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be in [1, %d]", bmdb.ErrInvalidArgument, c.Concurrency, bmdb.MaxBatch)
 	case c.Candidates < 1 || c.Candidates > 1<<20:
@@ -174,8 +172,9 @@ type Stats struct {
 // Loop runs claimers for one process. Create it with New and run it once
 // with Run. Stats is safe to call concurrently with Run.
 type Loop struct {
-	conn *bmdb.Connection
-	cfg  Config
+	conn  *bmdb.Connection
+	cfg   Config
+	batch *bmdb.BatchCommit // of Config.CommitBatch; nil without one
 
 	started                                    atomic.Bool
 	sessions, polls, claimed, finished, failed atomic.Int64
@@ -192,7 +191,7 @@ func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Loop{conn: conn, cfg: cfg}, nil
+	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewBatchCommit(cfg.CommitBatch)}, nil
 }
 
 // Stats returns the loop's figures so far.
@@ -379,8 +378,8 @@ func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.T
 	case err == nil:
 		finish := func(ctx context.Context) error { return w.Finish(ctx, commit) }
 		switch {
-		case commit == nil && l.cfg.Commit != nil:
-			finish = func(ctx context.Context) error { return w.FinishWith(ctx, l.cfg.Commit) }
+		case commit == nil && l.batch != nil:
+			finish = func(ctx context.Context) error { return w.Finish(ctx, nil, bmdb.CommitBatched(l.batch)) }
 		case commit == nil:
 			finish = func(ctx context.Context) error { return w.Finish(ctx, func(*bmdb.Tx) error { return nil }) }
 		}

@@ -399,7 +399,6 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"Work", func(c *Config) { c.Work = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
 		{"Concurrency", func(c *Config) { c.Concurrency = bmdb.MaxBatch + 1 }},
-		{"Commit.Commit", func(c *Config) { c.Commit = &bmdb.CommitGroup{} }},
 		{"Candidates", func(c *Config) { c.Candidates = -1 }},
 		{"PollMin", func(c *Config) { c.PollMin = -time.Second }},
 		{"PollMax", func(c *Config) { c.PollMin, c.PollMax = time.Second, time.Millisecond }},
@@ -543,9 +542,9 @@ func TestLoopGroupsClaimsAndEnds(t *testing.T) {
 	}
 }
 
-// With Config.Commit, the machines whose Work returned no commit are
-// committed by one call per end transaction, with all of its Works.
-func TestLoopCommitGroup(t *testing.T) {
+// With Config.CommitBatch, the machines whose Work returned no commit are
+// committed by one call per batch, with all of its Works.
+func TestLoopCommitBatch(t *testing.T) {
 	e := newEnv(t, 30)
 	var calls, works atomic.Int64
 	_, stop := e.start(Config{
@@ -555,7 +554,7 @@ func TestLoopCommitGroup(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			return nil, nil
 		},
-		Commit: &bmdb.CommitGroup{Commit: func(tx *bmdb.Tx, ws []*bmdb.Work) error {
+		CommitBatch: func(tx *bmdb.Tx, ws []*bmdb.Work) error {
 			calls.Add(1)
 			works.Add(int64(len(ws)))
 			ids := make([]uuid.UUID, len(ws))
@@ -564,7 +563,7 @@ func TestLoopCommitGroup(t *testing.T) {
 			}
 			_, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO done SELECT unnest($1::UUID[])", pq.Array(ids))
 			return err
-		}},
+		},
 	})
 	eventually(t, 30*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == 30 })
 	stop()

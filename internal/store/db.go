@@ -81,9 +81,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workEndSessionStmt, err = db.PrepareContext(ctx, workEndSession); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEndSession: %w", err)
 	}
-	if q.workFinishStmt, err = db.PrepareContext(ctx, workFinish); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkFinish: %w", err)
-	}
 	if q.workFinishManyStmt, err = db.PrepareContext(ctx, workFinishMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkFinishMany: %w", err)
 	}
@@ -95,9 +92,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.workHistoryPruneStmt, err = db.PrepareContext(ctx, workHistoryPrune); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkHistoryPrune: %w", err)
-	}
-	if q.workStartStmt, err = db.PrepareContext(ctx, workStart); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkStart: %w", err)
 	}
 	return &q, nil
 }
@@ -199,11 +193,6 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workEndSessionStmt: %w", cerr)
 		}
 	}
-	if q.workFinishStmt != nil {
-		if cerr := q.workFinishStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workFinishStmt: %w", cerr)
-		}
-	}
 	if q.workFinishManyStmt != nil {
 		if cerr := q.workFinishManyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workFinishManyStmt: %w", cerr)
@@ -222,11 +211,6 @@ func (q *Queries) Close() error {
 	if q.workHistoryPruneStmt != nil {
 		if cerr := q.workHistoryPruneStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workHistoryPruneStmt: %w", cerr)
-		}
-	}
-	if q.workStartStmt != nil {
-		if cerr := q.workStartStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workStartStmt: %w", cerr)
 		}
 	}
 	return err
@@ -287,12 +271,10 @@ type Queries struct {
 	workClaimStateStmt           *sql.Stmt
 	workEndManyStmt              *sql.Stmt
 	workEndSessionStmt           *sql.Stmt
-	workFinishStmt               *sql.Stmt
 	workFinishManyStmt           *sql.Stmt
 	workGetStmt                  *sql.Stmt
 	workHistoryInsertStmt        *sql.Stmt
 	workHistoryPruneStmt         *sql.Stmt
-	workStartStmt                *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
@@ -318,11 +300,9 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workClaimStateStmt:           q.workClaimStateStmt,
 		workEndManyStmt:              q.workEndManyStmt,
 		workEndSessionStmt:           q.workEndSessionStmt,
-		workFinishStmt:               q.workFinishStmt,
 		workFinishManyStmt:           q.workFinishManyStmt,
 		workGetStmt:                  q.workGetStmt,
 		workHistoryInsertStmt:        q.workHistoryInsertStmt,
 		workHistoryPruneStmt:         q.workHistoryPruneStmt,
-		workStartStmt:                q.workStartStmt,
 	}
 }

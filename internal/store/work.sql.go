@@ -211,7 +211,7 @@ type WorkEndManyParams struct {
 // WorkEndMany ends, with the given event (Canceled or Failed) and causes
 // (aligned with claim_ids; ” for none), the claims claim_ids of process
 // on machine_ids that the session still holds, and returns their claim
-// ids: those missing were no longer held (the fence of grouped ends).
+// ids: those missing were no longer held (the fence of a batch's ends).
 func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uuid.NullUUID, error) {
 	rows, err := q.query(ctx, q.workEndManyStmt, workEndMany,
 		arg.Event,
@@ -288,49 +288,6 @@ func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) 
 	return items, nil
 }
 
-const workFinish = `-- name: WorkFinish :execrows
-WITH ended AS (
-    DELETE FROM work
-    WHERE work.machine_id = $2 AND work.process = $3
-      AND work.session_id = $4 AND work.claim_id = $5
-    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
-), cleared AS (
-    DELETE FROM work_backoff
-    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
-      AND work_backoff.process = $3
-    RETURNING work_backoff.machine_id
-)
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
-       $1::TEXT, ended.claim_id
-FROM ended
-`
-
-type WorkFinishParams struct {
-	ComponentName string
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	ClaimID       uuid.UUID
-}
-
-// WorkFinish is WorkEnd for a successful end, in one statement: it removes
-// the claim only if it is still the given claim of the session, clears its
-// backoff, and records Finished. It affects no row when the claim is gone or was taken over.
-func (q *Queries) WorkFinish(ctx context.Context, arg WorkFinishParams) (int64, error) {
-	result, err := q.exec(ctx, q.workFinishStmt, workFinish,
-		arg.ComponentName,
-		arg.MachineID,
-		arg.Process,
-		arg.SessionID,
-		arg.ClaimID,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
-}
-
 const workFinishMany = `-- name: WorkFinishMany :many
 WITH ended AS (
     DELETE FROM work
@@ -362,7 +319,10 @@ type WorkFinishManyParams struct {
 // WorkFinishMany ends, as Finished, the claims claim_ids of process on
 // machine_ids that the session still holds, clears their backoffs, and
 // returns their claim ids: those missing were no longer held (the fence of
-// grouped ends and FinishAll).
+// a batch's Finishes). Like every claim and end statement, it dates its
+// rows by statement_timestamp(), not by the transaction's start: sorted by
+// time, a machine's history is the order of its events (a takeover's
+// Abandoned before the new claim's Started).
 func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.NullUUID, error) {
 	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
 		arg.ComponentName,
@@ -413,54 +373,5 @@ func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) 
 		&i.StartedAt,
 		&i.ClaimID,
 	)
-	return i, err
-}
-
-const workStart = `-- name: WorkStart :one
-WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id, started_at)
-    VALUES ($2, $3, $4, statement_timestamp())
-    RETURNING machine_id, process, session_id, started_at, claim_id
-), fence AS (
-    INSERT INTO work_fencing (machine_id, process, token)
-    SELECT claim.machine_id, claim.process, 1 FROM claim
-    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
-    RETURNING work_fencing.machine_id, work_fencing.token
-)
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       $1::TEXT, claim.claim_id, fence.token
-FROM claim JOIN fence ON fence.machine_id = claim.machine_id
-RETURNING work_history.claim_id, work_history.fencing_token
-`
-
-type WorkStartParams struct {
-	ComponentName string
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-}
-
-type WorkStartRow struct {
-	ClaimID      uuid.NullUUID
-	FencingToken sql.NullInt64
-}
-
-// WorkStart inserts the claim of (machine, process) for a session together
-// with its Started history row and its fencing token (work_fencing, one
-// more than the previous claim's), and returns the claim's id and token. A
-// claim in place makes it fail with a unique violation. Like every claim and
-// end statement, it dates its rows by statement_timestamp(), not by the
-// transaction's start: sorted by time, a machine's history is the order of
-// its events (a takeover's Abandoned before the new claim's Started).
-func (q *Queries) WorkStart(ctx context.Context, arg WorkStartParams) (WorkStartRow, error) {
-	row := q.queryRow(ctx, q.workStartStmt, workStart,
-		arg.ComponentName,
-		arg.MachineID,
-		arg.Process,
-		arg.SessionID,
-	)
-	var i WorkStartRow
-	err := row.Scan(&i.ClaimID, &i.FencingToken)
 	return i, err
 }

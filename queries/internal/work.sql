@@ -22,30 +22,6 @@ SELECT
         WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
     )::UUID AS holder;
 
--- name: WorkStart :one
--- WorkStart inserts the claim of (machine, process) for a session together
--- with its Started history row and its fencing token (work_fencing, one
--- more than the previous claim's), and returns the claim's id and token. A
--- claim in place makes it fail with a unique violation. Like every claim and
--- end statement, it dates its rows by statement_timestamp(), not by the
--- transaction's start: sorted by time, a machine's history is the order of
--- its events (a takeover's Abandoned before the new claim's Started).
-WITH claim AS (
-    INSERT INTO work (machine_id, process, session_id, started_at)
-    VALUES (sqlc.arg(machine_id), sqlc.arg(process), sqlc.arg(session_id), statement_timestamp())
-    RETURNING machine_id, process, session_id, started_at, claim_id
-), fence AS (
-    INSERT INTO work_fencing (machine_id, process, token)
-    SELECT claim.machine_id, claim.process, 1 FROM claim
-    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
-    RETURNING work_fencing.machine_id, work_fencing.token
-)
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       sqlc.arg(component_name)::TEXT, claim.claim_id, fence.token
-FROM claim JOIN fence ON fence.machine_id = claim.machine_id
-RETURNING work_history.claim_id, work_history.fencing_token;
-
 -- name: WorkEndSession :many
 -- WorkEndSession removes every claim of a session, recording the given event
 -- (Canceled when the session closes cleanly, Abandoned when it had expired),
@@ -122,7 +98,10 @@ RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_t
 -- WorkFinishMany ends, as Finished, the claims claim_ids of process on
 -- machine_ids that the session still holds, clears their backoffs, and
 -- returns their claim ids: those missing were no longer held (the fence of
--- grouped ends and FinishAll).
+-- a batch's Finishes). Like every claim and end statement, it dates its
+-- rows by statement_timestamp(), not by the transaction's start: sorted by
+-- time, a machine's history is the order of its events (a takeover's
+-- Abandoned before the new claim's Started).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
@@ -141,31 +120,11 @@ SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_
 FROM ended
 RETURNING work_history.claim_id;
 
--- name: WorkFinish :execrows
--- WorkFinish is WorkEnd for a successful end, in one statement: it removes
--- the claim only if it is still the given claim of the session, clears its
--- backoff, and records Finished. It affects no row when the claim is gone or was taken over.
-WITH ended AS (
-    DELETE FROM work
-    WHERE work.machine_id = sqlc.arg(machine_id) AND work.process = sqlc.arg(process)
-      AND work.session_id = sqlc.arg(session_id) AND work.claim_id = sqlc.arg(claim_id)
-    RETURNING work.machine_id, work.process, work.session_id, work.claim_id
-), cleared AS (
-    DELETE FROM work_backoff
-    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
-      AND work_backoff.process = sqlc.arg(process)
-    RETURNING work_backoff.machine_id
-)
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
-       sqlc.arg(component_name)::TEXT, ended.claim_id
-FROM ended;
-
 -- name: WorkEndMany :many
 -- WorkEndMany ends, with the given event (Canceled or Failed) and causes
 -- (aligned with claim_ids; '' for none), the claims claim_ids of process
 -- on machine_ids that the session still holds, and returns their claim
--- ids: those missing were no longer held (the fence of grouped ends).
+-- ids: those missing were no longer held (the fence of a batch's ends).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -42,22 +43,95 @@ func (l *latch) held(retrieve func(*Tx) ([]uuid.UUID, error)) func(*Tx) ([]uuid.
 	}
 }
 
-// inside waits until a transaction waits at the latch: it has taken in its
-// group's members.
+// inside waits until a callback waits at the latch.
 func (l *latch) inside(t *testing.T) {
 	t.Helper()
 	select {
 	case <-l.reached:
 	case <-time.After(5 * time.Second):
-		t.Fatal("timed out waiting for the first transaction to reach the latch")
+		t.Fatal("timed out waiting for a callback to reach the latch")
 	}
 }
 
-// queued returns how many calls wait in q.
-func queued[R any](q *queue[R]) int {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.waiting)
+// heldBatch is a batch of a session for "install" held open by a Work
+// whose retrieve waits, so that the calls queued behind it form the next
+// batch.
+type heldBatch struct {
+	t    *testing.T
+	s    *Session
+	hold *latch
+	wg   sync.WaitGroup
+	n    int // calls queued
+
+	// The held Work's outcome, after release.
+	work *Work
+	err  error
+}
+
+// holdBatch holds a batch of s open with a Work of machine x.
+func holdBatch(t *testing.T, s *Session, x uuid.UUID) *heldBatch {
+	t.Helper()
+	h := &heldBatch{t: t, s: s, hold: newLatch()}
+	t.Cleanup(h.hold.open)
+	h.wg.Go(func() { h.work, h.err = s.Work(context.Background(), "install", h.hold.held(retrieveAll(x))) })
+	h.hold.inside(t)
+	return h
+}
+
+// queue starts each call once the ones before it have queued behind the
+// held batch.
+func (h *heldBatch) queue(calls ...func()) {
+	h.t.Helper()
+	for _, call := range calls {
+		h.wg.Go(call)
+		h.n++
+		eventually(h.t, 5*time.Second, "the calls queued", func() bool { return queued(h.s, "install") == h.n })
+	}
+}
+
+// release lets the held batch go and waits for it and the queued calls.
+func (h *heldBatch) release() {
+	h.hold.open()
+	h.wg.Wait()
+}
+
+// releaseCanceling lets the held batch go, cancels with cancel once a
+// callback of the next batch waits at in, lets that callback go on, and
+// waits for every call.
+func (h *heldBatch) releaseCanceling(in *latch, cancel func()) {
+	h.hold.open()
+	in.inside(h.t)
+	cancel()
+	in.open()
+	h.release()
+}
+
+// behindHeldClaim queues calls behind a batch of s held open with a Work
+// of x, and returns the held batch's release.
+func behindHeldClaim(t *testing.T, s *Session, x uuid.UUID, calls ...func()) (release func()) {
+	t.Helper()
+	h := holdBatch(t, s, x)
+	h.queue(calls...)
+	return h.release
+}
+
+// batchEnv is the setup of most batch tests: a database with the work
+// tests' tag table, a connection without injected failures (they are
+// choreographed) and a long interval, and a session.
+func batchEnv(t *testing.T) (*env, *Connection, *Session) {
+	t.Helper()
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c)
+	return e, c, e.session(c)
+}
+
+// queued returns how many calls of s for process wait for a batch.
+func queued(s *Session, process string) int {
+	b := s.batcher(process)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.waiting)
 }
 
 // startedPerTransaction returns the sizes of the session's claim
@@ -83,35 +157,24 @@ func (e *env) startedPerTransaction(s *Session) []int {
 	return sizes
 }
 
-// Concurrent Work calls of a session are served by one claim transaction
-// for whatever is queued when the previous one ends, and each caller gets a
+// Concurrent Work calls of a session are served by one batch for
+// whatever is queued when the previous one ends, and each caller gets a
 // machine of its own.
 func TestConcurrentWorksShareATransaction(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c) // choreographed: no injected failures in cockroach mode
-	s := e.session(c)
+	e, _, s := batchEnv(t)
 	const n = 12
 	machines := make([]uuid.UUID, n)
 	for i := range machines {
 		machines[i] = e.machine()
 	}
-	hold := newLatch()
-	defer hold.open()
+	h := holdBatch(t, s, machines[0])
 	works := make([]*Work, n)
 	errs := make([]error, n)
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		works[0], errs[0] = s.Work(context.Background(), "install", hold.held(retrieveAll(machines...)))
-	})
-	hold.inside(t)
-	q := s.groups.of("install")
 	for i := 1; i < n; i++ {
-		wg.Go(func() { works[i], errs[i] = s.Work(context.Background(), "install", retrieveAll(machines[1:]...)) })
+		h.queue(func() { works[i], errs[i] = s.Work(context.Background(), "install", retrieveAll(machines[1:]...)) })
 	}
-	eventually(t, 5*time.Second, "the other claims queued", func() bool { return queued(q) == n-1 })
-	hold.open()
-	wg.Wait()
+	h.release()
+	works[0], errs[0] = h.work, h.err
 	got := map[uuid.UUID]bool{}
 	for i, w := range works {
 		if errs[i] != nil {
@@ -127,15 +190,12 @@ func TestConcurrentWorksShareATransaction(t *testing.T) {
 	}
 }
 
-// A group of concurrent ends commits together, and each caller gets its
-// own outcome: a lost claim fails only its Finish (ErrWorkLost), a commit
-// callback's error only its own (the Work stays open), and the others
-// commit, with their callbacks.
-func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c) // choreographed: no injected failures in cockroach mode
-	s := e.session(c)
+// A batch of ends commits together, and each caller gets its own outcome:
+// a lost claim fails only its Finish (ErrWorkLost), a commit callback's
+// error only its own (the Work stays open), and the others commit, with
+// their callbacks.
+func TestBatchedEndsFailOnlyTheirOwnCaller(t *testing.T) {
+	e, _, s := batchEnv(t)
 	const n = 8
 	machines := make([]uuid.UUID, n+1)
 	for i := range machines {
@@ -145,36 +205,25 @@ func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 	if err != nil || len(works) != n+1 {
 		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
 	}
-	first, lost, bad := works[0], works[1], works[2]
+	lost, bad, failed := works[1], works[2], works[3]
 	e.exec("DELETE FROM work WHERE machine_id = $1", lost.Machine())
 	errBad := errors.New("tag table refused it")
 
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
+	h := holdBatch(t, s, e.machine())
 	errs := make([]error, len(works))
-	wg.Go(func() {
-		errs[0] = first.Finish(context.Background(), func(tx *Tx) error {
-			hold.wait()
-			return tagCommit(first.Machine())(tx)
-		})
-	})
-	hold.inside(t)
-	for i, w := range works[1:] {
-		wg.Go(func() {
+	for i, w := range works {
+		h.queue(func() {
 			switch w {
 			case bad:
-				errs[i+1] = w.Finish(context.Background(), func(*Tx) error { return errBad })
-			case works[3]:
-				errs[i+1] = w.Fail(context.Background(), &testBackoff, "flaky BMC")
+				errs[i] = w.Finish(context.Background(), func(*Tx) error { return errBad })
+			case failed:
+				errs[i] = w.Fail(context.Background(), &testBackoff, "flaky BMC")
 			default:
-				errs[i+1] = w.Finish(context.Background(), tagCommit(w.Machine()))
+				errs[i] = w.Finish(context.Background(), tagCommit(w.Machine()))
 			}
 		})
 	}
-	eventually(t, 5*time.Second, "the other ends queued", func() bool { return queued(s.groups.of("install")) == n })
-	hold.open()
-	wg.Wait()
+	h.release()
 
 	for i, w := range works {
 		switch {
@@ -183,12 +232,12 @@ func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 				t.Errorf("Finish of the lost claim = %v, want ErrWorkLost", errs[i])
 			}
 		case w == bad:
-			if !errors.Is(errs[i], errBad) {
-				t.Errorf("Finish with a failing commit = %v, want its error", errs[i])
+			if !errors.Is(errs[i], errBad) || !strings.Contains(errs[i].Error(), bad.Machine().String()) {
+				t.Errorf("Finish with a failing commit = %v, want its error, naming the machine", errs[i])
 			}
 		case errs[i] != nil:
 			t.Errorf("end of %s: %v", w.Machine(), errs[i])
-		case (i == 0 || i > 3) && !e.tagged(w.Machine()):
+		case w != failed && !e.tagged(w.Machine()):
 			t.Errorf("machine %s finished without its commit", w.Machine())
 		}
 	}
@@ -201,7 +250,7 @@ func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 	if err := bad.Finish(context.Background(), tagCommit(bad.Machine())); err != nil {
 		t.Errorf("retried Finish: %v", err)
 	}
-	if n := e.count("SELECT count(*) FROM work_backoff WHERE machine_id = $1 AND cause = 'flaky BMC'", works[3].Machine()); n != 1 {
+	if n := e.count("SELECT count(*) FROM work_backoff WHERE machine_id = $1 AND cause = 'flaky BMC'", failed.Machine()); n != 1 {
 		t.Errorf("the failed Work has %d backoffs, want 1", n)
 	}
 	// Finished: all but the lost, failing and failed ones, then the retried
@@ -212,31 +261,19 @@ func TestGroupedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 }
 
 // A call whose context ends while it is queued leaves the queue with the
-// context's error and claims nothing; one already done does not queue.
+// context's error and claims nothing.
 func TestQueuedCallLeavesOnCancel(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c) // choreographed: no injected failures in cockroach mode
-	s := e.session(c)
+	e, _, s := batchEnv(t)
 	a, b := e.machine(), e.machine()
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	var first *Work
-	var firstErr error
-	wg.Go(func() { first, firstErr = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
-	hold.inside(t)
-	q := s.groups.of("install")
+	h := holdBatch(t, s, a)
 	ctx, cancel := context.WithCancel(context.Background())
 	var queuedErr error
-	wg.Go(func() { _, queuedErr = s.Work(ctx, "install", retrieveAll(b)) })
-	eventually(t, 5*time.Second, "the second claim queued", func() bool { return queued(q) == 1 })
+	h.queue(func() { _, queuedErr = s.Work(ctx, "install", retrieveAll(b)) })
 	cancel()
-	eventually(t, 5*time.Second, "the second claim gone", func() bool { return queued(q) == 0 })
-	hold.open()
-	wg.Wait()
-	if firstErr != nil || first.Machine() != a {
-		t.Fatalf("first Work = %v, %v", first, firstErr)
+	eventually(t, 5*time.Second, "the second claim gone", func() bool { return queued(s, "install") == 0 })
+	h.release()
+	if h.err != nil || h.work.Machine() != a {
+		t.Fatalf("first Work = %v, %v", h.work, h.err)
 	}
 	if !errors.Is(queuedErr, context.Canceled) {
 		t.Errorf("canceled queued Work = %v, want context.Canceled", queuedErr)
@@ -246,9 +283,9 @@ func TestQueuedCallLeavesOnCancel(t *testing.T) {
 	}
 }
 
-// Close racing an open group: the group's transaction and the calls queued
+// Close racing an open batch: the batch's transaction and the calls queued
 // behind it fail with ErrSessionClosed, and nothing they claimed stays.
-func TestCloseRacingAGroup(t *testing.T) {
+func TestCloseRacingABatch(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 2 * time.Second })
 	exact(c) // choreographed: no injected failures in cockroach mode
@@ -260,22 +297,16 @@ func TestCloseRacingAGroup(t *testing.T) {
 	for i := range machines {
 		machines[i] = e.machine()
 	}
-	hold := newLatch()
-	defer hold.open()
+	h := holdBatch(t, s, machines[0])
 	errs := make([]error, len(machines))
-	var wg sync.WaitGroup
-	wg.Go(func() { _, errs[0] = s.Work(context.Background(), "install", hold.held(retrieveAll(machines...))) })
-	hold.inside(t)
-	q := s.groups.of("install")
 	for i := 1; i < len(machines); i++ {
-		wg.Go(func() { _, errs[i] = s.Work(context.Background(), "install", retrieveAll(machines...)) })
+		h.queue(func() { _, errs[i] = s.Work(context.Background(), "install", retrieveAll(machines...)) })
 	}
-	eventually(t, 5*time.Second, "the other claims queued", func() bool { return queued(q) == len(machines)-1 })
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close(context.Background()) }()
 	eventually(t, 5*time.Second, "the session closing", func() bool { return s.Err() != nil })
-	hold.open()
-	wg.Wait()
+	h.release()
+	errs[0] = h.err
 	for i, err := range errs {
 		if !errors.Is(err, ErrSessionClosed) {
 			t.Errorf("Work %d = %v, want ErrSessionClosed", i, err)
@@ -288,18 +319,15 @@ func TestCloseRacingAGroup(t *testing.T) {
 		t.Errorf("%d claims or session rows left", n)
 	}
 	if n := e.count("SELECT count(*) FROM work_history WHERE session_id = $1 AND event = 'Started'", s.ID()); n != 0 {
-		t.Errorf("%d Started rows committed by a closed session's group", n)
+		t.Errorf("%d Started rows committed by a closed session's batch", n)
 	}
 }
 
-// FinishWith: one CommitGroup call commits every Work of the group that
+// CommitBatched: one BatchCommit call commits every Work of the batch that
 // passes it; if it fails, the Works are finished one at a time, so that
 // only the one it refuses fails.
-func TestFinishWithCommitGroup(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c) // choreographed: no injected failures in cockroach mode
-	s := e.session(c)
+func TestFinishCommitBatched(t *testing.T) {
+	e, _, s := batchEnv(t)
 	machines := make([]uuid.UUID, 6)
 	for i := range machines {
 		machines[i] = e.machine()
@@ -310,9 +338,7 @@ func TestFinishWithCommitGroup(t *testing.T) {
 	}
 	bad := works[len(works)-1].Machine()
 	errBad := errors.New("refused")
-	var mu sync.Mutex
-	var calls [][]uuid.UUID
-	g := &CommitGroup{Commit: func(tx *Tx, ws []*Work) error {
+	g := NewBatchCommit(func(tx *Tx, ws []*Work) error {
 		var ids []uuid.UUID
 		for _, w := range ws {
 			if w.Machine() == bad {
@@ -320,38 +346,25 @@ func TestFinishWithCommitGroup(t *testing.T) {
 			}
 			ids = append(ids, w.Machine())
 		}
-		mu.Lock()
-		calls = append(calls, ids)
-		mu.Unlock()
 		for _, id := range ids {
 			if err := tagCommit(id)(tx); err != nil {
 				return err
 			}
 		}
 		return nil
-	}}
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	errs := make([]error, len(works))
-	wg.Go(func() {
-		errs[0] = works[0].Finish(context.Background(), func(tx *Tx) error {
-			hold.wait()
-			return tagCommit(works[0].Machine())(tx)
-		})
 	})
-	hold.inside(t)
+	h := holdBatch(t, s, e.machine())
+	errs := make([]error, len(works))
+	h.queue(func() { errs[0] = works[0].Finish(context.Background(), tagCommit(works[0].Machine())) })
 	for i, w := range works[1:] {
-		wg.Go(func() { errs[i+1] = w.FinishWith(context.Background(), g) })
+		h.queue(func() { errs[i+1] = w.Finish(context.Background(), nil, CommitBatched(g)) })
 	}
-	eventually(t, 5*time.Second, "the FinishWith calls queued", func() bool { return queued(s.groups.of("install")) == len(works)-1 })
-	hold.open()
-	wg.Wait()
+	h.release()
 	for i, w := range works {
 		switch {
 		case w.Machine() == bad:
 			if !errors.Is(errs[i], errBad) || e.tagged(bad) {
-				t.Errorf("FinishWith refused by the group = %v (tagged %v), want its error and no tag", errs[i], e.tagged(bad))
+				t.Errorf("batched Finish refused by the BatchCommit = %v (tagged %v), want its error and no tag", errs[i], e.tagged(bad))
 			}
 		case errs[i] != nil || !e.tagged(w.Machine()):
 			t.Errorf("Finish of %s = %v (tagged %v)", w.Machine(), errs[i], e.tagged(w.Machine()))
@@ -360,97 +373,75 @@ func TestFinishWithCommitGroup(t *testing.T) {
 	if err := works[len(works)-1].Cancel(context.Background()); err != nil {
 		t.Errorf("the refused Work is not open: Cancel = %v", err)
 	}
-	if nilGroup := works[0].FinishWith(context.Background(), nil); !errors.Is(nilGroup, ErrInvalidArgument) {
-		t.Errorf("FinishWith(nil) = %v, want ErrInvalidArgument", nilGroup)
+	for name, finish := range map[string]func() error{
+		"nil BatchCommit":        func() error { return works[0].Finish(context.Background(), nil, CommitBatched(nil)) },
+		"commit and BatchCommit": func() error { return works[0].Finish(context.Background(), noCommit, CommitBatched(g)) },
+		"no commit":              func() error { return works[0].Finish(context.Background(), nil) },
+	} {
+		if err := finish(); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("Finish with %s = %v, want ErrInvalidArgument", name, err)
+		}
 	}
 }
 
-// A group whose transaction fails for one member's retrieve is retried one
-// by one; a member with nothing to do must still get ErrNothingToDo.
+// A batch whose transaction fails for one call's retrieve runs again
+// without it; a call with nothing to do must still get ErrNothingToDo.
 func TestIsolatedRetryKeepsNothingToDo(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c)
-	s := e.session(c)
-	a := e.machine()
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
-	hold.inside(t)
-	q := s.groups.of("install")
+	e, _, s := batchEnv(t)
+	h := holdBatch(t, s, e.machine())
 	boom := errors.New("boom")
 	var bad, empty error
 	var emptyWorks []*Work
-	var panicked any
-	wg.Go(func() {
-		_, bad = s.Work(context.Background(), "install", func(*Tx) ([]uuid.UUID, error) { return nil, boom })
-	})
-	wg.Go(func() {
-		defer func() { panicked = recover() }()
-		emptyWorks, empty = s.WorkBatch(context.Background(), "install", 1, func(*Tx) ([]uuid.UUID, error) { return nil, nil })
-	})
-	eventually(t, 5*time.Second, "queued", func() bool { return queued(q) == 2 })
-	hold.open()
-	wg.Wait()
-	if panicked != nil || !errors.Is(bad, boom) {
-		t.Errorf("the failing retrieve's Work = %v (panic %v), want its error", bad, panicked)
+	h.queue(
+		func() {
+			_, bad = s.Work(context.Background(), "install", func(*Tx) ([]uuid.UUID, error) { return nil, boom })
+		},
+		func() {
+			emptyWorks, empty = s.WorkBatch(context.Background(), "install", 1, func(*Tx) ([]uuid.UUID, error) { return nil, nil })
+		})
+	h.release()
+	if !errors.Is(bad, boom) {
+		t.Errorf("the failing retrieve's Work = %v, want its error", bad)
 	}
 	if !errors.Is(empty, ErrNothingToDo) {
 		t.Errorf("WorkBatch with nothing = %d works, %v; want ErrNothingToDo", len(emptyWorks), empty)
 	}
 }
 
-// A member whose own ctx ends while its group runs, and whose retrieve
+// A call whose own ctx ends while its batch runs, and whose retrieve
 // queries with that ctx (as the package example does), must not fail the
-// other members of its group.
+// other calls of its batch.
 func TestOneCallersContextFailsOnlyItsClaim(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c)
-	s := e.session(c)
-	a, b, d := e.machine(), e.machine(), e.machine()
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(a))) })
-	hold.inside(t)
-	q := s.groups.of("install")
+	e, _, s := batchEnv(t)
+	b, d := e.machine(), e.machine()
+	h := holdBatch(t, s, e.machine())
 	ctxB, cancelB := context.WithCancel(context.Background())
-	hold2 := newLatch()
-	defer hold2.open()
+	inB := newLatch()
+	defer inB.open()
 	var errB, errC error
-	wg.Go(func() {
-		_, errB = s.Work(ctxB, "install", func(tx *Tx) ([]uuid.UUID, error) {
-			hold2.wait()
-			var one int
-			if err := tx.DBTX().QueryRowContext(ctxB, "SELECT 1").Scan(&one); err != nil {
-				return nil, err
-			}
-			return []uuid.UUID{b}, nil
-		})
-	})
-	eventually(t, 5*time.Second, "B queued", func() bool { return queued(q) == 1 })
-	wg.Go(func() { _, errC = s.Work(context.Background(), "install", retrieveAll(d)) })
-	eventually(t, 5*time.Second, "C queued", func() bool { return queued(q) == 2 })
-	hold.open()
-	hold2.inside(t)
-	cancelB()
-	hold2.open()
-	wg.Wait()
+	h.queue(
+		func() {
+			_, errB = s.Work(ctxB, "install", func(tx *Tx) ([]uuid.UUID, error) {
+				inB.wait()
+				var one int
+				if err := tx.DBTX().QueryRowContext(ctxB, "SELECT 1").Scan(&one); err != nil {
+					return nil, err
+				}
+				return []uuid.UUID{b}, nil
+			})
+		},
+		func() { _, errC = s.Work(context.Background(), "install", retrieveAll(d)) })
+	h.releaseCanceling(inB, cancelB)
 	if errC != nil || !errors.Is(errB, context.Canceled) {
 		t.Errorf("B (ctx ended) = %v, C = %v; want context.Canceled and nil", errB, errC)
 	}
 }
 
 // Two Works of one session on the same machine (the first's end committed
-// ambiguously, the machine was claimed again): ending both in one group
+// ambiguously, the machine was claimed again): ending both in one batch
 // must not report the stale one as ended, nor write two history rows.
-func TestStaleAndNewClaimOfAMachineInOneGroup(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c)
-	s := e.session(c)
+func TestStaleAndNewClaimOfAMachineInOneBatch(t *testing.T) {
+	e, _, s := batchEnv(t)
 	m := e.machine()
 	w1, err := s.Work(context.Background(), "install", retrieveAll(m))
 	if err != nil {
@@ -461,23 +452,10 @@ func TestStaleAndNewClaimOfAMachineInOneGroup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	x := e.machine()
-	w0, err := s.Work(context.Background(), "install", retrieveAll(x))
-	if err != nil {
-		t.Fatal(err)
-	}
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = w0.Finish(context.Background(), func(*Tx) error { hold.wait(); return nil }) })
-	hold.inside(t)
 	var e1, e2 error
-	wg.Go(func() { e1 = w1.Fail(context.Background(), nil, "stale") })
-	eventually(t, 5*time.Second, "q1", func() bool { return queued(s.groups.of("install")) == 1 })
-	wg.Go(func() { e2 = w2.Fail(context.Background(), nil, "fresh") })
-	eventually(t, 5*time.Second, "q2", func() bool { return queued(s.groups.of("install")) == 2 })
-	hold.open()
-	wg.Wait()
+	behindHeldClaim(t, s, e.machine(),
+		func() { e1 = w1.Fail(context.Background(), nil, "stale") },
+		func() { e2 = w2.Fail(context.Background(), nil, "fresh") })()
 	n := e.count("SELECT count(*) FROM work_history WHERE claim_id = $1 AND event = 'Failed'", w2.ClaimID())
 	if !errors.Is(e1, ErrWorkLost) || e2 != nil || n != 1 {
 		t.Errorf("stale Work's Fail = %v (want ErrWorkLost), new one's = %v; %d Failed rows for the new claim (want 1)", e1, e2, n)
@@ -487,63 +465,29 @@ func TestStaleAndNewClaimOfAMachineInOneGroup(t *testing.T) {
 // The same for ends: a Finish whose commit queries with its own ended ctx
 // fails alone.
 func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c)
-	s := e.session(c)
-	ms := []uuid.UUID{e.machine(), e.machine(), e.machine()}
-	works, err := s.WorkBatch(context.Background(), "install", 3, retrieveAll(ms...))
-	if err != nil || len(works) != 3 {
+	e, _, s := batchEnv(t)
+	ms := []uuid.UUID{e.machine(), e.machine()}
+	works, err := s.WorkBatch(context.Background(), "install", 2, retrieveAll(ms...))
+	if err != nil || len(works) != 2 {
 		t.Fatal(err)
 	}
-	hold := newLatch()
-	defer hold.open()
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = works[0].Finish(context.Background(), func(*Tx) error { hold.wait(); return nil }) })
-	hold.inside(t)
+	h := holdBatch(t, s, e.machine())
 	ctxB, cancelB := context.WithCancel(context.Background())
-	hold2 := newLatch()
-	defer hold2.open()
+	inB := newLatch()
+	defer inB.open()
 	var errB, errC error
-	wg.Go(func() {
-		errB = works[1].Finish(ctxB, func(tx *Tx) error {
-			hold2.wait()
-			_, err := tx.DBTX().ExecContext(ctxB, "SELECT 1")
-			return err
-		})
-	})
-	eventually(t, 5*time.Second, "q1", func() bool { return queued(s.groups.of("install")) == 1 })
-	wg.Go(func() { errC = works[2].Finish(context.Background(), func(*Tx) error { return nil }) })
-	eventually(t, 5*time.Second, "q2", func() bool { return queued(s.groups.of("install")) == 2 })
-	hold.open()
-	hold2.inside(t)
-	cancelB()
-	hold2.open()
-	wg.Wait()
+	h.queue(
+		func() {
+			errB = works[0].Finish(ctxB, func(tx *Tx) error {
+				inB.wait()
+				_, err := tx.DBTX().ExecContext(ctxB, "SELECT 1")
+				return err
+			})
+		},
+		func() { errC = works[1].Finish(context.Background(), func(*Tx) error { return nil }) })
+	h.releaseCanceling(inB, cancelB)
 	if errC != nil || !errors.Is(errB, context.Canceled) {
 		t.Errorf("B's Finish (ctx ended) = %v, C's = %v; want context.Canceled and nil", errB, errC)
-	}
-}
-
-// behindHeldClaim holds a group of s for "install" open with a Work of x
-// whose retrieve waits, and starts each call once the ones before it have
-// queued behind that group. It returns release, which lets the group go
-// and waits for the calls.
-func behindHeldClaim(t *testing.T, s *Session, x uuid.UUID, calls ...func()) (release func()) {
-	t.Helper()
-	q := s.groups.of("install")
-	hold := newLatch()
-	t.Cleanup(hold.open)
-	var wg sync.WaitGroup
-	wg.Go(func() { _, _ = s.Work(context.Background(), "install", hold.held(retrieveAll(x))) })
-	hold.inside(t)
-	for i, call := range calls {
-		wg.Go(call)
-		eventually(t, 5*time.Second, "the calls queued", func() bool { return queued(q) == i+1 })
-	}
-	return func() {
-		hold.open()
-		wg.Wait()
 	}
 }
 
@@ -552,10 +496,7 @@ func behindHeldClaim(t *testing.T, s *Session, x uuid.UUID, calls ...func()) (re
 // the claim, and a failing commit callback fails only its Finish while the
 // claim that shared its group still commits.
 func TestEndsAndClaimsShareATransaction(t *testing.T) {
-	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
-	exact(c) // choreographed: no injected failures in cockroach mode
-	s := e.session(c)
+	e, c, s := batchEnv(t)
 	a, b, x := e.machine(), e.machine(), e.machine()
 	wa, err := s.Work(context.Background(), "install", retrieveAll(a))
 	if err != nil {
@@ -654,5 +595,81 @@ func TestAmbiguousGroupWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	}
 	if got := e.events(a, s); !slicesEqual(got, "install:Started@1", "install:Finished@1") {
 		t.Errorf("history of a = %v", got)
+	}
+}
+
+// A panic in one caller's callback is that caller's: it panics on its own
+// goroutine with the same value, its batch's attempt rolls back, and the
+// other calls of the batch run again and commit. The batcher goes on.
+func TestPanickingCallbackPanicsOnlyItsCaller(t *testing.T) {
+	e, _, s := batchEnv(t)
+	a, b, d, x := e.machine(), e.machine(), e.machine(), e.machine()
+	wd, err := s.Work(context.Background(), "install", retrieveAll(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var claimPanic, commitPanic any
+	var wb *Work
+	var errB, errD error
+	catch := func(p *any, fn func()) func() {
+		return func() {
+			defer func() { *p = recover() }()
+			fn()
+		}
+	}
+	behindHeldClaim(t, s, x,
+		catch(&claimPanic, func() {
+			_, _ = s.Work(context.Background(), "install", func(*Tx) ([]uuid.UUID, error) { panic("retrieve blew up") })
+		}),
+		func() { wb, errB = s.Work(context.Background(), "install", retrieveAll(a, b)) },
+		catch(&commitPanic, func() {
+			errD = wd.Finish(context.Background(), func(*Tx) error { panic("commit blew up") })
+		}),
+	)()
+	if claimPanic != "retrieve blew up" || commitPanic != "commit blew up" {
+		t.Errorf("callers' panics = %v, %v; want their own callbacks' values", claimPanic, commitPanic)
+	}
+	if errB != nil || wb.Machine() != a {
+		t.Fatalf("the other Work of the batch = %v, %v; want a", wb, errB)
+	}
+	if errD != nil {
+		t.Errorf("the panicking Finish returned %v", errD)
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", d); n != 1 {
+		t.Errorf("the Work whose commit panicked is not open (%d claims)", n)
+	}
+	// The batcher goes on.
+	if err := wd.Finish(context.Background(), tagCommit(d)); err != nil || !e.tagged(d) {
+		t.Errorf("Finish after the panic = %v (tagged %v)", err, e.tagged(d))
+	}
+}
+
+// A session's batchers exit with it: calls queued at its end, and later
+// ones, get its error.
+func TestBatcherExitsWithTheSession(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	exact(c)
+	s, err := c.StartSession(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); err != nil {
+		t.Fatal(err)
+	}
+	b := s.batcher("install")
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the batcher exited", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.closed != nil
+	})
+	if err := b.enqueue(&request{ctx: context.Background(), done: make(chan struct{})}); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("a request after the session's end = %v, want ErrSessionClosed", err)
+	}
+	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("Work after Close = %v, want ErrSessionClosed", err)
 	}
 }
