@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"sync/atomic"
 	"time"
@@ -274,7 +275,7 @@ func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riv
 	}
 	switch cfg.System {
 	case sysRiverPgx:
-		pool, err := pgxpool.New(ctx, cfg.DSN)
+		pool, err := pgxpool.New(ctx, withoutParam(cfg.DSN, "binary_parameters")) // lib/pq's, unknown to pgx
 		if err != nil {
 			return nil, err
 		}
@@ -328,4 +329,16 @@ func (r *riverChild) stop() error {
 	<-r.done
 	r.res.Items = r.items.Load()
 	return err
+}
+
+// withoutParam removes parameter key from a URL DSN.
+func withoutParam(dsn, key string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Scheme == "" {
+		return dsn
+	}
+	q := u.Query()
+	q.Del(key)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
