@@ -31,11 +31,17 @@ type config struct {
 	riverCooldown   time.Duration
 	only            map[string]bool
 	keep            bool
+	procs           []procRow
+	pollMin         time.Duration
+	pollMax         time.Duration
+	sample          time.Duration
+	serverLog       string
+	procsTimeout    time.Duration
 }
 
 func parseFlags() (config, error) {
 	var c config
-	var workers, scale, only, pk string
+	var workers, scale, only, pk, procs string
 	quick := flag.Bool("quick", false, "the quick run of make bench: -machines 2000 -scale 10000,100000 -scale-claims 300 -contention-items 300 (explicit flags win)")
 	flag.StringVar(&c.dsn, "dsn", "", "PostgreSQL DSN of a user that may create databases (default $BMDB_DSN)")
 	flag.IntVar(&c.machines, "machines", 10000, "M: machines (and River jobs) per throughput run")
@@ -48,7 +54,13 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
 	flag.DurationVar(&c.riverCooldown, "river-cooldown", time.Millisecond, "River's FetchCooldown (its default is 100ms, which caps its throughput)")
-	flag.StringVar(&only, "only", "table,picks,scale,contention", "sections to run")
+	flag.StringVar(&only, "only", "table,picks,scale,contention,procs", "sections to run")
+	flag.StringVar(&procs, "procs", "32x1,32x2,32x4,32x8,8x1,8x4", "rows of the procs section: NxK, K OS processes of N workers each")
+	flag.DurationVar(&c.pollMin, "poll-min", time.Millisecond, "worker.Config.PollMin of the procs section's bmdb processes")
+	flag.DurationVar(&c.pollMax, "poll-max", 16*time.Millisecond, "worker.Config.PollMax of the procs section's bmdb processes")
+	flag.DurationVar(&c.sample, "sample", 100*time.Millisecond, "pg_stat_activity sampling interval during bmdb runs with K > 1 (0: off)")
+	flag.StringVar(&c.serverLog, "server-log", "", "server log file to count errors by SQLSTATE in, read with pg_read_file (default: scripts/pg-start's server.log beside the data directory; off: none)")
+	flag.DurationVar(&c.procsTimeout, "procs-timeout", 5*time.Minute, "longest a procs run may take")
 	flag.BoolVar(&c.keep, "keep", false, "keep the bench databases afterwards")
 	retrieval := flag.String("retrieval", "full", "bmdb retrieval: full (excludes claimed machines and backoff, as most applications write it) or lean (pending machines only; Work skips the rest)")
 	flag.Parse()
@@ -76,6 +88,9 @@ func parseFlags() (config, error) {
 	}
 	if c.scale, err = ints(scale); err != nil {
 		return c, fmt.Errorf("-scale: %w", err)
+	}
+	if c.procs, err = parseProcRows(procs); err != nil {
+		return c, fmt.Errorf("-procs: %w", err)
 	}
 	c.pick = pick(pk)
 	if !slices.Contains([]pick{pickFirst, pickShuffle, pickOffset}, c.pick) {
@@ -107,6 +122,10 @@ func ints(s string) ([]int, error) {
 }
 
 func main() {
+	if spec, ok := os.LookupEnv(childEnv); ok {
+		childMain(spec)
+		return
+	}
 	cfg, err := parseFlags()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -174,6 +193,11 @@ func run(ctx context.Context, cfg config) error {
 			return fmt.Errorf("contention: %w", err)
 		}
 		printContention(os.Stdout, c)
+	}
+	if cfg.only["procs"] {
+		if err := runProcs(ctx, cfg, dsn, conn); err != nil {
+			return err
+		}
 	}
 	fmt.Printf("\nbench done in %v\n", time.Since(start).Round(time.Second))
 	return nil

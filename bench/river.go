@@ -52,6 +52,42 @@ func newRiverBench(ctx context.Context, dsn string, cooldown time.Duration) (*ri
 
 func (r *riverBench) Close() error { return r.db.Close() }
 
+// seedJobs replaces River's jobs with m new ones, through an insert-only
+// client, and vacuums.
+func (r *riverBench) seedJobs(ctx context.Context, m int) error {
+	if _, err := r.db.ExecContext(ctx, `TRUNCATE river_job`); err != nil {
+		return err
+	}
+	workers := river.NewWorkers()
+	river.AddWorker(workers, benchWorker{})
+	client, err := river.NewClient(riverdatabasesql.New(r.db), &river.Config{
+		Workers: workers,
+		Logger:  slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		return err
+	}
+	if err := insertJobs(ctx, client, m); err != nil {
+		return err
+	}
+	_, err = r.db.ExecContext(ctx, `VACUUM ANALYZE river_job`)
+	return err
+}
+
+// insertJobs inserts m bench jobs, 1000 per statement.
+func insertJobs(ctx context.Context, client *river.Client[*sql.Tx], m int) error {
+	params := make([]river.InsertManyParams, m)
+	for i := range params {
+		params[i] = river.InsertManyParams{Args: benchArgs{Seq: i}}
+	}
+	for i := 0; i < m; i += 1000 {
+		if _, err := client.InsertMany(ctx, params[i:min(i+1000, m)]); err != nil {
+			return fmt.Errorf("river insert: %w", err)
+		}
+	}
+	return nil
+}
+
 // run inserts m jobs (not timed), then works them with n workers and times
 // until River reports all m completed.
 func (r *riverBench) run(ctx context.Context, m, n int) (result, error) {
@@ -71,14 +107,8 @@ func (r *riverBench) run(ctx context.Context, m, n int) (result, error) {
 	if err != nil {
 		return result{}, err
 	}
-	params := make([]river.InsertManyParams, m)
-	for i := range params {
-		params[i] = river.InsertManyParams{Args: benchArgs{Seq: i}}
-	}
-	for i := 0; i < m; i += 1000 {
-		if _, err := client.InsertMany(ctx, params[i:min(i+1000, m)]); err != nil {
-			return result{}, fmt.Errorf("river insert: %w", err)
-		}
+	if err := insertJobs(ctx, client, m); err != nil {
+		return result{}, err
 	}
 	if _, err := r.db.ExecContext(ctx, `VACUUM ANALYZE river_job`); err != nil {
 		return result{}, err
