@@ -90,6 +90,40 @@ func TestRedactDSN(t *testing.T) {
 	}
 }
 
+// ValidateProcess is the one rule for process names: valid UTF-8, 1 to
+// MaxProcessLength bytes, no white space, no control characters. Each
+// refusal wraps ErrInvalidArgument and says what is wrong.
+func TestValidateProcess(t *testing.T) {
+	for _, tc := range []struct {
+		process string
+		want    string // "" if valid, else a part of the error
+	}{
+		{"burn-in", ""},
+		{"os_install.v2", ""},
+		{"prüfung/α", ""},
+		{strings.Repeat("p", MaxProcessLength), ""},
+		{"", "empty"},
+		{strings.Repeat("p", MaxProcessLength+1), "more than 128"},
+		{"\xfe", "not valid UTF-8"},
+		{"a\nb", "control character (U+000A) at byte 1"},
+		{"nul\x00", "control character (U+0000)"},
+		{"del\x7f", "control character (U+007F)"},
+		{"c1\u0085", "control character (U+0085)"},
+		{"tab\t", "control character (U+0009)"},
+		{"a b", "white space (U+0020) at byte 1"},
+		{"nbsp\u00a0x", "white space (U+00A0)"},
+		{" lead", "white space"},
+	} {
+		err := ValidateProcess(tc.process)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("ValidateProcess(%q) = %v, want nil", tc.process, err)
+		case tc.want != "" && (!errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("ValidateProcess(%q) = %v, want ErrInvalidArgument saying %q", tc.process, err, tc.want)
+		}
+	}
+}
+
 // Every bad argument of a Session method is refused with ErrInvalidArgument,
 // before anything is written.
 func TestSessionMethodsRejectBadInput(t *testing.T) {
@@ -97,7 +131,7 @@ func TestSessionMethodsRejectBadInput(t *testing.T) {
 	s := e.session(e.open())
 	ctx := context.Background()
 	m := e.machine()
-	for _, process := range []string{"", strings.Repeat("p", MaxProcessLength+1), "nul\x00", "\xfe"} {
+	for _, process := range []string{"", strings.Repeat("p", MaxProcessLength+1), "nul\x00", "\xfe", "a\nb", "a b"} {
 		if _, err := s.Work(ctx, process, retrieveAll(m)); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "process") {
 			t.Errorf("Work(%q) = %v, want ErrInvalidArgument", process, err)
 		}

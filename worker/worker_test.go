@@ -395,6 +395,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}{
 		{"Process", func(c *Config) { c.Process = "" }},
 		{"Process", func(c *Config) { c.Process = strings.Repeat("p", bmdb.MaxProcessLength+1) }},
+		{"Process", func(c *Config) { c.Process = "a\nb" }},
+		{"Process", func(c *Config) { c.Process = "burn in" }},
 		{"Retrieve", func(c *Config) { c.Retrieve = nil }},
 		{"Work", func(c *Config) { c.Work = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},

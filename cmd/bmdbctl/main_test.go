@@ -320,6 +320,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"work", "--process"}, 2, "flag needs an argument: --process"},
 		{[]string{"work", "--process", strings.Repeat("p", 200)}, 2, "--process \"ppp"},
 		{[]string{"backoffs", "--process", "\xff"}, 2, "not valid UTF-8"},
+		{[]string{"work", "--process", "a\nb"}, 2, "has a control character"},
+		{[]string{"backoff", "clear", "--machine", id, "--process", "burn in"}, 2, "has white space"},
 		{[]string{"backoff", "clear", "--machine", id}, 2, "--process is required"},
 		{[]string{"backoff", "reset"}, 2, "clear"},
 		{[]string{"migrate", "sideways"}, 2, "up, down, version, lock or unlock"},
