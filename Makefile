@@ -16,7 +16,11 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # CockroachDB) instead of a throwaway one.
 GO_TEST := go test -race -count=1 -timeout 20m
 TESTS   := $(GO_TEST) ./... && \
+	echo "== examples/burnin (a module of its own) ==" && \
+	(cd examples/burnin && $(GO_TEST) ./...) && \
+	echo "== cockroach mode: bmdb, worker ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ && \
+	echo "== cockroach mode: chaos ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
 
 .PHONY: all demo test generate verify lint check bench bench-durable clean
@@ -40,17 +44,24 @@ demo:
 test:
 	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'
 
-# The sqlc configurations: bmdb's (model/, internal/store/) and the example
-# application's (cmd/worker-example/pipeline/pipelinedb/).
-SQLC_DIRS := . cmd/worker-example/pipeline
+# The sqlc configurations: bmdb's (model/, internal/store/), the demo
+# pipeline's (cmd/worker-example/pipeline/pipelinedb/) and the standalone
+# application module's (examples/burnin/burnindb/, whose schema starts with
+# its committed copy of bmdb's, examples/burnin/bmdb_schema.sql).
+SQLC_DIRS := . cmd/worker-example/pipeline examples/burnin
+BMDB_SCHEMA := cd examples/burnin && go run github.com/bmdb-dev/bmdb/cmd/bmdb-schema
 
 ## generate: regenerate the sqlc code of bmdb (model/, internal/store/ from
-## migrations/ and queries/) and of the example application.
+## migrations/ and queries/) and of the example applications, after
+## rewriting examples/burnin/bmdb_schema.sql (cmd/bmdb-schema).
 generate: $(SQLC)
+	$(BMDB_SCHEMA) > bmdb_schema.sql.tmp && mv bmdb_schema.sql.tmp bmdb_schema.sql
 	for d in $(SQLC_DIRS); do (cd $$d && $(SQLC) generate) || exit 1; done
 
-## verify: fail if any committed sqlc output differs from what sqlc generates.
+## verify: fail if any committed sqlc output, or examples/burnin's copy of
+## bmdb's schema, differs from what generate would write.
 verify: $(SQLC)
+	@$(BMDB_SCHEMA) | diff -u bmdb_schema.sql - || { echo "examples/burnin/bmdb_schema.sql is stale: run make generate"; exit 1; }
 	for d in $(SQLC_DIRS); do (cd $$d && $(SQLC) diff) || exit 1; done
 	@echo "sqlc output is up to date"
 
@@ -60,6 +71,7 @@ lint: $(STATICCHECK)
 	go vet ./...
 	$(STATICCHECK) ./...
 	cd bench && go vet ./... && $(STATICCHECK) ./...
+	cd examples/burnin && go vet ./... && $(STATICCHECK) ./...
 
 ## check: everything CI checks.
 check: verify lint test

@@ -1,0 +1,2 @@
+DROP TABLE machine_burned_in;
+DROP TABLE machine_racked;
