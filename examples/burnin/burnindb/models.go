@@ -68,6 +68,17 @@ type ActiveBackoff struct {
 	SecondsLeft     float64
 }
 
+type AppMachineStage struct {
+	MachineID uuid.UUID
+	Stage     string
+}
+
+type AppStage struct {
+	Stage       string
+	Position    int64
+	Description string
+}
+
 type BmdbAppSchemaCompat struct {
 	Application      string
 	Version          int64
