@@ -34,9 +34,10 @@ DEMO_FLAGS ?= --http-addr 127.0.0.1:0 --work-duration 600ms $(if $(KEEP),--keep-
 
 ## demo: run the example worker fleet against a throwaway local PostgreSQL
 ## (or the database in BMDB_DSN); make demo KEEP=1 keeps its fleet pages
-## serving after the run, until interrupted.
+## serving after the run, until interrupted, and prints the database's DSN
+## as an export BMDB_DSN=... line for bmdbctl.
 demo:
-	scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
+	@WITH_PG_QUIET=1 scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 
 ## test: run every test with the race detector against a throwaway
 ## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker and

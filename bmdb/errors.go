@@ -170,6 +170,16 @@ func sqlState(err error) string {
 	return ""
 }
 
+// withConnectHint adds to a failed first connection what to change in the
+// DSN, for the failures whose fix is known: lib/pq asks for TLS unless the
+// DSN says sslmode=disable, which a local test server does not offer.
+func withConnectHint(err error) error {
+	if errors.Is(err, pq.ErrSSLNotSupported) {
+		return fmt.Errorf("%w (the server does not offer TLS: add sslmode=disable to the DSN, e.g. postgres://user@host:5432/db?sslmode=disable, if an unencrypted connection is intended)", err)
+	}
+	return err
+}
+
 // IsPermanent reports whether err carries a database error that no retry
 // can fix because the statement itself cannot run, whatever the data:
 // SQLSTATE class 42, syntax error or access rule violation (undefined

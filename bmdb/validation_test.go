@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
 func TestOpenRejectsBadConfig(t *testing.T) {
@@ -68,6 +73,27 @@ func TestOpenUnreachableDatabase(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "127.0.0.1:1") {
 		t.Errorf("error does not say where it tried to connect: %v", err)
+	}
+}
+
+// A DSN without sslmode, to a server without TLS, fails with lib/pq's
+// "SSL is not enabled on the server" and a hint saying what to add.
+func TestOpenSSLHint(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.New(t)
+	if testdb.Cockroach() {
+		t.Skip("the CockroachDB test cluster's TLS setting is its own")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("test DSN is not a URL: %v", err)
+	}
+	q := u.Query()
+	q.Del("sslmode")
+	u.RawQuery = q.Encode()
+	_, err = Open(context.Background(), Config{DSN: u.String(), ComponentName: "c"})
+	if !errors.Is(err, pq.ErrSSLNotSupported) || !strings.Contains(err.Error(), "add sslmode=disable to the DSN") {
+		t.Fatalf("Open without sslmode = %v, want pq.ErrSSLNotSupported with a hint", err)
 	}
 }
 
