@@ -8,14 +8,18 @@ BIN                 := $(CURDIR)/.bin
 SQLC                := $(BIN)/sqlc-$(SQLC_VERSION)
 STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
-# The test command of README.md and .ci/run: every package, then the core,
+# The test command of README.md and .ci/run: every package (saying first
+# if the browser tests will skip, which go test does not show), the
+# standalone example module, then the core,
 # worker and chaos tests again in cockroach mode (internal/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
 # CockroachDB) instead of a throwaway one.
 GO_TEST := go test -race -count=1 -timeout 20m
-TESTS   := $(GO_TEST) ./... && \
+TESTS   := { command -v chromium || command -v chromium-browser || command -v google-chrome || \
+	    echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2; } >/dev/null && \
+	$(GO_TEST) ./... && \
 	echo "== examples/burnin (a module of its own) ==" && \
 	(cd examples/burnin && $(GO_TEST) ./...) && \
 	echo "== cockroach mode: bmdb, worker ==" && \
