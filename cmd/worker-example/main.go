@@ -25,6 +25,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -269,11 +270,17 @@ func serveOn(ln net.Listener, routes func(*http.ServeMux)) func() {
 	return func() { srv.Close() }
 }
 
+// keyValuePassword is the password of a key=value DSN.
+var keyValuePassword = regexp.MustCompile(`(password=)('(?:[^'\\]|\\.)*'|\S+)`)
+
 // printableDSN is dsn with its password, if any, masked: the demo prints
 // it for the user to paste.
 func printableDSN(dsn string) string {
 	u, err := url.Parse(dsn)
-	if err != nil || u.User == nil {
+	if err != nil || u.Scheme == "" {
+		return keyValuePassword.ReplaceAllString(dsn, "${1}xxxxx")
+	}
+	if u.User == nil {
 		return dsn
 	}
 	if _, has := u.User.Password(); has {
