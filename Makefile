@@ -8,15 +8,23 @@ BIN                 := $(CURDIR)/.bin
 SQLC                := $(BIN)/sqlc-$(SQLC_VERSION)
 STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
-# The test command of README.md and .ci/run: every package, then the core,
+# The test command of README.md and .ci/run: every package (saying first
+# if the browser tests will skip, which go test does not show), the
+# standalone example module, then the core,
 # worker and chaos tests again in cockroach mode (internal/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
 # CockroachDB) instead of a throwaway one.
 GO_TEST := go test -race -count=1 -timeout 20m
-TESTS   := $(GO_TEST) ./... && \
+TESTS   := { command -v chromium || command -v chromium-browser || command -v google-chrome || \
+	    echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2; } >/dev/null && \
+	$(GO_TEST) ./... && \
+	echo "== examples/burnin (a module of its own) ==" && \
+	(cd examples/burnin && $(GO_TEST) ./...) && \
+	echo "== cockroach mode: bmdb, worker ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ && \
+	echo "== cockroach mode: chaos ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
 
 .PHONY: all demo test generate verify lint check bench bench-durable clean
@@ -30,9 +38,10 @@ DEMO_FLAGS ?= --http-addr 127.0.0.1:0 --work-duration 600ms $(if $(KEEP),--keep-
 
 ## demo: run the example worker fleet against a throwaway local PostgreSQL
 ## (or the database in BMDB_DSN); make demo KEEP=1 keeps its fleet pages
-## serving after the run, until interrupted.
+## serving after the run, until interrupted, and prints the database's DSN
+## as an export BMDB_DSN=... line for bmdbctl.
 demo:
-	scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
+	@WITH_PG_QUIET=1 scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 
 ## test: run every test with the race detector against a throwaway
 ## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker and
@@ -40,17 +49,24 @@ demo:
 test:
 	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'
 
-# The sqlc configurations: bmdb's (model/, internal/store/) and the example
-# application's (cmd/worker-example/pipeline/pipelinedb/).
-SQLC_DIRS := . cmd/worker-example/pipeline
+# The sqlc configurations: bmdb's (model/, internal/store/), the demo
+# pipeline's (cmd/worker-example/pipeline/pipelinedb/) and the standalone
+# application module's (examples/burnin/burnindb/, whose schema starts with
+# its committed copy of bmdb's, examples/burnin/bmdb_schema.sql).
+SQLC_DIRS := . cmd/worker-example/pipeline examples/burnin
+BMDB_SCHEMA := cd examples/burnin && go run github.com/bmdb-dev/bmdb/cmd/bmdb-schema
 
 ## generate: regenerate the sqlc code of bmdb (model/, internal/store/ from
-## migrations/ and queries/) and of the example application.
+## migrations/ and queries/) and of the example applications, after
+## rewriting examples/burnin/bmdb_schema.sql (cmd/bmdb-schema).
 generate: $(SQLC)
+	$(BMDB_SCHEMA) > bmdb_schema.sql.tmp && mv bmdb_schema.sql.tmp bmdb_schema.sql
 	for d in $(SQLC_DIRS); do (cd $$d && $(SQLC) generate) || exit 1; done
 
-## verify: fail if any committed sqlc output differs from what sqlc generates.
+## verify: fail if any committed sqlc output, or examples/burnin's copy of
+## bmdb's schema, differs from what generate would write.
 verify: $(SQLC)
+	@$(BMDB_SCHEMA) | diff -u bmdb_schema.sql - || { echo "examples/burnin/bmdb_schema.sql is stale: run make generate"; exit 1; }
 	for d in $(SQLC_DIRS); do (cd $$d && $(SQLC) diff) || exit 1; done
 	@echo "sqlc output is up to date"
 
@@ -60,6 +76,7 @@ lint: $(STATICCHECK)
 	go vet ./...
 	$(STATICCHECK) ./...
 	cd bench && go vet ./... && $(STATICCHECK) ./...
+	cd examples/burnin && go vet ./... && $(STATICCHECK) ./...
 
 ## check: everything CI checks.
 check: verify lint test

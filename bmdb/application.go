@@ -1,8 +1,11 @@
 package bmdb
 
 import (
+	"errors"
+	"fmt"
 	"io/fs"
 	"regexp"
+	"strings"
 )
 
 // Application is an application's own schema on top of bmdb's: its tag
@@ -33,6 +36,61 @@ type Application struct {
 	// embed.FS. Required.
 	Migrations fs.FS
 }
+
+// NewApplication returns the Application named name whose migrations are
+// the files in directory dir of fsys, usually an embed.FS of the
+// application's package:
+//
+//	//go:embed migrations/*.sql
+//	var migrationFiles embed.FS
+//
+//	app, err := bmdb.NewApplication("burnin", migrationFiles, "migrations")
+//
+// It checks what Open would refuse later, with an error wrapping
+// ErrInvalidArgument that names the problem: an invalid name, a missing
+// directory, a directory without any NNNNNN_title.up.sql file, or a .sql
+// file whose name golang-migrate would not parse. dir "." is fsys itself.
+func NewApplication(name string, fsys fs.FS, dir string) (*Application, error) {
+	switch {
+	case !applicationName.MatchString(name):
+		return nil, invalidArgument("NewApplication: name %q must be a lower-case letter followed by up to 39 lower-case letters, digits or underscores", name)
+	case name == bmdbSourceName:
+		return nil, invalidArgument("NewApplication: name %q is bmdb's own", name)
+	case fsys == nil:
+		return nil, invalidArgument("NewApplication(%q): fsys is nil", name)
+	}
+	sub, err := fs.Sub(fsys, dir)
+	if err != nil {
+		return nil, invalidArgument("NewApplication(%q): directory %q: %v", name, dir, err)
+	}
+	entries, err := fs.ReadDir(sub, ".")
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, invalidArgument("NewApplication(%q): no directory %q in its file system (is it embedded? //go:embed %s/*.sql)", name, dir, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bmdb: NewApplication(%q): reading directory %q: %w", name, dir, err)
+	}
+	ups := 0
+	for _, e := range entries {
+		n := e.Name()
+		if e.IsDir() || !strings.HasSuffix(n, ".sql") {
+			continue
+		}
+		if !migrationFile.MatchString(n) {
+			return nil, invalidArgument("NewApplication(%q): %s/%s is not named NNNNNN_title.up.sql or NNNNNN_title.down.sql", name, dir, n)
+		}
+		if strings.HasSuffix(n, ".up.sql") {
+			ups++
+		}
+	}
+	if ups == 0 {
+		return nil, invalidArgument("NewApplication(%q): directory %q has no NNNNNN_title.up.sql migration", name, dir)
+	}
+	return &Application{Name: name, Migrations: sub}, nil
+}
+
+// migrationFile is the name of a migration file golang-migrate parses.
+var migrationFile = regexp.MustCompile(`^[0-9]+_[^/]+\.(up|down)\.sql$`)
 
 // applicationName is what Application.Name must look like, so that it
 // makes a valid table name unquoted on both engines.

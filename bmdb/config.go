@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/bmdb-dev/bmdb/internal/crdbmode"
@@ -250,17 +251,31 @@ func (c Config) validate() error {
 	return nil
 }
 
-// ValidateProcess returns an error wrapping ErrInvalidArgument if process
-// is not a valid process name: empty, longer than MaxProcessLength bytes,
-// invalid UTF-8 or containing NUL.
+// ValidateProcess returns an error wrapping ErrInvalidArgument, naming
+// what is wrong, if process is not a valid process name. This is the one
+// rule for process names, applied wherever one enters bmdb (Session.Work
+// and its relatives, worker.Config.Process, bmdbctl's flags, the web
+// pages' query parameters): a process name is 1 to MaxProcessLength bytes
+// of valid UTF-8 with no white space (spaces, tabs, newlines, or any other
+// Unicode space) and no control characters (NUL, C0 and C1 controls,
+// DEL). Letters of any script, digits and punctuation are fine, e.g.
+// "burn-in" or "os_install.v2".
 func ValidateProcess(process string) error {
 	switch {
 	case process == "":
 		return invalidArgument("process name is empty")
 	case len(process) > MaxProcessLength:
 		return invalidArgument("process name is %d bytes long, more than %d", len(process), MaxProcessLength)
-	case !validText(process):
-		return invalidArgument("process name is not valid UTF-8 or contains NUL")
+	case !utf8.ValidString(process):
+		return invalidArgument("process name %q is not valid UTF-8", process)
+	}
+	for i, r := range process {
+		switch {
+		case unicode.IsControl(r):
+			return invalidArgument("process name %q has a control character (%U) at byte %d", process, r, i)
+		case unicode.IsSpace(r):
+			return invalidArgument("process name %q has white space (%U) at byte %d", process, r, i)
+		}
 	}
 	return nil
 }

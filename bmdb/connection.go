@@ -132,7 +132,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	connector.stmtCacheSize = max(cfg.StatementCacheSize, 0)
 	db, err := openPool(ctx, connector, cfg.DSN)
 	if err != nil {
-		return nil, err
+		return nil, withConnectHint(err)
 	}
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxIdleConns)

@@ -170,6 +170,34 @@ func sqlState(err error) string {
 	return ""
 }
 
+// withConnectHint adds to a failed first connection what to change in the
+// DSN, for the failures whose fix is known: lib/pq asks for TLS unless the
+// DSN says sslmode=disable, which a local test server does not offer.
+func withConnectHint(err error) error {
+	if errors.Is(err, pq.ErrSSLNotSupported) {
+		return fmt.Errorf("%w (the server does not offer TLS: add sslmode=disable to the DSN, e.g. postgres://user@host:5432/db?sslmode=disable, if an unencrypted connection is intended)", err)
+	}
+	return err
+}
+
+// IsPermanent reports whether err carries a database error that no retry
+// can fix because the statement itself cannot run, whatever the data:
+// SQLSTATE class 42, syntax error or access rule violation (undefined
+// table 42P01, undefined column 42703, syntax error 42601, insufficient
+// privilege 42501, datatype mismatch 42804, undefined function 42883, ...),
+// and class 0A, feature not supported (a statement the engine does not
+// run). A component that meets one should stop and say so rather than
+// retry: worker.Loop.Run returns it.
+//
+// Data exceptions (class 22: a value too long, a bad cast of one row's
+// text) are not permanent by this rule: they depend on the rows a
+// statement meets, so they fail the one machine whose data caused them
+// (with backoff) instead of stopping a whole fleet.
+func IsPermanent(err error) bool {
+	code := sqlState(err)
+	return strings.HasPrefix(code, "42") || strings.HasPrefix(code, "0A")
+}
+
 // isRetryable reports whether err is a serialization failure (or a lock
 // wait given up) after which the transaction may be retried.
 func isRetryable(err error) bool {

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 	"unicode/utf8"
+
+	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
 func TestOpenRejectsBadConfig(t *testing.T) {
@@ -73,6 +78,27 @@ func TestOpenUnreachableDatabase(t *testing.T) {
 	}
 }
 
+// A DSN without sslmode, to a server without TLS, fails with lib/pq's
+// "SSL is not enabled on the server" and a hint saying what to add.
+func TestOpenSSLHint(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.New(t)
+	if testdb.Cockroach() {
+		t.Skip("the CockroachDB test cluster's TLS setting is its own")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Skipf("test DSN is not a URL: %v", err)
+	}
+	q := u.Query()
+	q.Del("sslmode")
+	u.RawQuery = q.Encode()
+	_, err = Open(context.Background(), Config{DSN: u.String(), ComponentName: "c"})
+	if !errors.Is(err, pq.ErrSSLNotSupported) || !strings.Contains(err.Error(), "add sslmode=disable to the DSN") {
+		t.Fatalf("Open without sslmode = %v, want pq.ErrSSLNotSupported with a hint", err)
+	}
+}
+
 func TestRedactDSN(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ in, want string }{
@@ -92,6 +118,40 @@ func TestRedactDSN(t *testing.T) {
 	}
 }
 
+// ValidateProcess is the one rule for process names: valid UTF-8, 1 to
+// MaxProcessLength bytes, no white space, no control characters. Each
+// refusal wraps ErrInvalidArgument and says what is wrong.
+func TestValidateProcess(t *testing.T) {
+	for _, tc := range []struct {
+		process string
+		want    string // "" if valid, else a part of the error
+	}{
+		{"burn-in", ""},
+		{"os_install.v2", ""},
+		{"prüfung/α", ""},
+		{strings.Repeat("p", MaxProcessLength), ""},
+		{"", "empty"},
+		{strings.Repeat("p", MaxProcessLength+1), "more than 128"},
+		{"\xfe", "not valid UTF-8"},
+		{"a\nb", "control character (U+000A) at byte 1"},
+		{"nul\x00", "control character (U+0000)"},
+		{"del\x7f", "control character (U+007F)"},
+		{"c1\u0085", "control character (U+0085)"},
+		{"tab\t", "control character (U+0009)"},
+		{"a b", "white space (U+0020) at byte 1"},
+		{"nbsp\u00a0x", "white space (U+00A0)"},
+		{" lead", "white space"},
+	} {
+		err := ValidateProcess(tc.process)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("ValidateProcess(%q) = %v, want nil", tc.process, err)
+		case tc.want != "" && (!errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("ValidateProcess(%q) = %v, want ErrInvalidArgument saying %q", tc.process, err, tc.want)
+		}
+	}
+}
+
 // Every bad argument of a Session method is refused with ErrInvalidArgument,
 // before anything is written.
 func TestSessionMethodsRejectBadInput(t *testing.T) {
@@ -99,7 +159,7 @@ func TestSessionMethodsRejectBadInput(t *testing.T) {
 	s := e.session(e.open())
 	ctx := context.Background()
 	m := e.machine()
-	for _, process := range []string{"", strings.Repeat("p", MaxProcessLength+1), "nul\x00", "\xfe"} {
+	for _, process := range []string{"", strings.Repeat("p", MaxProcessLength+1), "nul\x00", "\xfe", "a\nb", "a b"} {
 		if _, err := s.Work(ctx, process, retrieveAll(m)); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "process") {
 			t.Errorf("Work(%q) = %v, want ErrInvalidArgument", process, err)
 		}

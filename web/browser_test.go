@@ -174,3 +174,43 @@ func TestBrowserStuckWork(t *testing.T) {
 		}
 	}
 }
+
+// An idle fleet in a browser: no live session, one machine taken over,
+// one whose claim went with its expired session, one whose backoff is
+// over. The overview is not red where nothing waits; the machine page
+// says why a claim was abandoned and lists the past backoff as history.
+func TestBrowserIdleFleet(t *testing.T) {
+	bin := chromium(t)
+	h := seedHistory(t)
+
+	overview := text(browse(t, bin, h.srv.URL+"/", "--dump-dom"))
+	for _, want := range []string{"burn-in", "memtest", "no live sessions"} {
+		if !strings.Contains(overview, want) {
+			t.Errorf("idle overview as rendered lacks %q:\n%s", want, overview)
+		}
+	}
+	taken := text(browse(t, bin, h.srv.URL+"/machine/"+h.takenOver.String(), "--dump-dom"))
+	if want := "taken over by session " + h.taker.String()[:8] + " (burner)"; !strings.Contains(taken, want) {
+		t.Errorf("machine page as rendered lacks %q:\n%s", want, taken)
+	}
+	backedOff := text(browse(t, bin, h.srv.URL+"/machine/"+h.backedOff.String(), "--dump-dom"))
+	if !strings.Contains(backedOff, "Backoffs in force process until interval cause none") || !strings.Contains(backedOff, "Past backoffs") {
+		t.Errorf("machine page as rendered shows the backoff that is over as in force:\n%s", backedOff)
+	}
+
+	dir := artifactDir(t)
+	for name, path := range map[string]string{
+		"idle-overview.png": "/",
+		"idle-machine.png":  "/machine/" + h.takenOver.String(),
+		"past-backoffs.png": "/machine/" + h.backedOff.String(),
+	} {
+		shot := filepath.Join(dir, name)
+		os.Remove(shot)
+		browse(t, bin, h.srv.URL+path, "--screenshot="+shot, "--window-size=1280,1100", "--hide-scrollbars")
+		if st, err := os.Stat(shot); err != nil || st.Size() < 10_000 {
+			t.Errorf("screenshot %s missing or empty: %v", shot, err)
+		} else {
+			t.Logf("screenshot of %s: %s", path, shot)
+		}
+	}
+}

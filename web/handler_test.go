@@ -262,6 +262,11 @@ func TestBadAndUnknownIDs(t *testing.T) {
 		{"/machines?stage=flying", 400, "is not one of"},
 		{"/machines?after=zzz", 400, "is not a UUID"},
 		{"/machine/" + uuid.NewString() + "?before=nope", 400, "cursor"},
+		// Process names follow bmdb.ValidateProcess: no white space, no
+		// control characters.
+		{"/machines?process=a%0Ab", 400, "control character"},
+		{"/machines?process=burn%20in", 400, "white space"},
+		{"/machines?backoff=a%09b", 400, "control character"},
 		{"/nowhere", 404, ""},
 	} {
 		status, body := f.get(t, tc.path)

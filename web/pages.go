@@ -357,9 +357,36 @@ type Machine struct {
 	Work     []model.CurrentWork              `json:"work"`
 	Backoffs []model.WorkBackoffForMachineRow `json:"backoffs"`
 	History  []model.ReadableHistory          `json:"history"`
+	// AbandonedWhy says, by history id, why each Abandoned event of History
+	// happened: the holder's session had expired, and another session took
+	// the claim over or the expired session was collected.
+	AbandonedWhy map[int64]string `json:"abandoned_why,omitempty"`
 	// Older is the before= cursor of the next (older) history page, empty
 	// on the last.
 	Older string `json:"older,omitempty"`
+}
+
+// ActiveBackoffs are the backoffs in force: the machine's state.
+func (m Machine) ActiveBackoffs() []model.WorkBackoffForMachineRow {
+	var out []model.WorkBackoffForMachineRow
+	for _, b := range m.Backoffs {
+		if b.Active {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// PastBackoffs are the backoffs whose time is over, kept so that the next
+// failure's interval grows from theirs: history, not state.
+func (m Machine) PastBackoffs() []model.WorkBackoffForMachineRow {
+	var out []model.WorkBackoffForMachineRow
+	for _, b := range m.Backoffs {
+		if !b.Active {
+			out = append(out, b)
+		}
+	}
+	return out
 }
 
 func (h *Handler) machine(ctx context.Context, r *http.Request) (any, error) {
@@ -414,6 +441,9 @@ func (h *Handler) machine(ctx context.Context, r *http.Request) (any, error) {
 		m.History = m.History[:historyPerPage]
 		last := m.History[historyPerPage-1]
 		m.Older = fmt.Sprintf("%d_%d", last.At.UnixNano(), last.ID)
+	}
+	if m.AbandonedWhy, err = abandonedWhy(ctx, h.db, m.History); err != nil {
+		return nil, err
 	}
 	return m, nil
 }

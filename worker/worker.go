@@ -51,9 +51,20 @@ var BackoffDefault = bmdb.Backoff{Initial: time.Second, Maximum: 5 * time.Minute
 type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error)
 
 // Process does the work on a claimed machine outside any transaction, and
-// returns what Finish commits (nil: nothing beyond ending the claim), or an
-// error, which fails the Work with Config.Backoff and the error's text as
-// cause. ctx is cancelled when the session ends (the claim can no longer be
+// returns what Finish commits, or an error, which fails the Work with
+// Config.Backoff and the error's text as cause.
+//
+// A nil commit with a nil error is the one place bmdb accepts "no commit":
+// it means the machine's work left nothing to write beyond ending the
+// claim (or, if Config.Commit is set, that Config.Commit writes it), and
+// the loop finishes the claim. bmdb's Work.Finish itself refuses a nil
+// commit (ErrInvalidArgument): code that calls Finish directly passes
+// func(*bmdb.Tx) error { return nil } to say the same.
+//
+// An error returned by commit fails the claim with backoff (its cause
+// names the machine and the process); one that no retry can fix
+// (bmdb.IsPermanent: a missing table or column, a syntax error, a
+// permission denied, a type mismatch) also ends Run with ErrPermanent. ctx is cancelled when the session ends (the claim can no longer be
 // finished) or ShutdownGrace after shutdown began; Process should then
 // return promptly. Each call runs on a handler goroutine of its own, up to
 // Config.Concurrency at once.
@@ -104,6 +115,15 @@ type Config struct {
 	// RestartDelay is the wait before starting a new session after one
 	// ended or could not be started. Defaults to RestartDelayDefault.
 	RestartDelay time.Duration
+	// StopWhenIdle, if positive, makes Run return nil once the loop has
+	// had nothing to do for this long: no handler running and every claim
+	// in that time finding no candidate (bmdb.ErrNothingToDo, which
+	// includes candidates in backoff) or only candidates claimed by other
+	// live sessions (bmdb.ErrWorkConflict). For batch jobs and tests that
+	// process what there is and exit; a machine in backoff does not keep
+	// the loop running. Defaults to 0: Run returns only when its context
+	// is done (or on a permanent error).
+	StopWhenIdle time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -150,6 +170,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: worker.Config.ShutdownGrace is %v, must not be negative", bmdb.ErrInvalidArgument, c.ShutdownGrace)
 	case c.RestartDelay < 0:
 		return fmt.Errorf("%w: worker.Config.RestartDelay is %v, must not be negative", bmdb.ErrInvalidArgument, c.RestartDelay)
+	case c.StopWhenIdle < 0:
+		return fmt.Errorf("%w: worker.Config.StopWhenIdle is %v, must not be negative", bmdb.ErrInvalidArgument, c.StopWhenIdle)
 	}
 	if err := c.Backoff.Validate(); err != nil {
 		return fmt.Errorf("worker.Config.Backoff: %w", err)
@@ -175,7 +197,12 @@ type Loop struct {
 	conn  *bmdb.Connection
 	cfg   Config
 	batch *bmdb.BatchCommit // of Config.CommitBatch; nil without one
+	// stop ends Run early with a cause: errIdle, or an error wrapping
+	// ErrPermanent. Set by Run before it starts any goroutine; called by
+	// the claimer and the handlers.
+	stop context.CancelCauseFunc
 
+	stopOnce                                   sync.Once // guards the first permanent error
 	started                                    atomic.Bool
 	sessions, polls, claimed, finished, failed atomic.Int64
 	canceled, lost, conflicts                  atomic.Int64
@@ -206,36 +233,71 @@ func (l *Loop) Stats() Stats {
 // ErrAlreadyRunning is returned by a second call of Run.
 var ErrAlreadyRunning = errors.New("worker: Run called twice")
 
+// ErrPermanent is wrapped, together with the database error that caused
+// it, by the error Run returns when it met an error that no retry can fix
+// (bmdb.IsPermanent): a retrieval or a commit that selects from a missing
+// table or column, has a syntax error, lacks a privilege or mismatches a
+// type, or a session that cannot be started for such a reason. The
+// message names the process, and the machine for a commit.
+var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
+
+// errIdle is the cause of Run's end after Config.StopWhenIdle.
+var errIdle = errors.New("worker: idle")
+
 // Run claims and processes machines until ctx is done, then shuts down: it
 // stops claiming, lets in-flight work finish for up to ShutdownGrace,
 // cancels the claims still running after that, closes the session, and
 // returns nil. A session that expires is replaced after RestartDelay; its
 // in-flight work is abandoned (its context is cancelled and its claims are
 // taken over by whoever claims them next).
+//
+// Run also returns, after the same shutdown, in two cases: with nil once
+// the loop has been idle for Config.StopWhenIdle, if set; and with an
+// error wrapping ErrPermanent and the database error (logged once, as an
+// error) when claiming, committing or starting a session fails in a way
+// no retry can fix. Transient errors are logged as warnings and retried.
 func (l *Loop) Run(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
-	for ctx.Err() == nil {
-		sess, err := l.conn.StartSession(ctx)
+	runCtx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	l.stop = stop
+	for runCtx.Err() == nil {
+		sess, err := l.conn.StartSession(runCtx)
 		if err != nil {
-			if ctx.Err() == nil {
+			switch {
+			case bmdb.IsPermanent(err):
+				l.permanent(fmt.Errorf("%w: worker %s: starting a session: %w", ErrPermanent, l.cfg.Process, err))
+			case runCtx.Err() == nil:
 				klog.Warningf("worker %s: starting session: %v", l.cfg.Process, err)
 			}
 		} else {
 			l.sessions.Add(1)
-			l.runSession(ctx, sess)
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.ShutdownGrace+time.Second)
+			l.runSession(runCtx, sess)
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), l.cfg.ShutdownGrace+time.Second)
 			if err := sess.Close(closeCtx); err != nil {
 				klog.Warningf("worker %s: closing session: %v", l.cfg.Process, err)
 			}
 			cancel()
 		}
-		if ctx.Err() == nil {
-			_ = wait.Sleep(ctx, l.cfg.RestartDelay)
+		if runCtx.Err() == nil {
+			_ = wait.Sleep(runCtx, l.cfg.RestartDelay)
 		}
 	}
+	if cause := context.Cause(runCtx); errors.Is(cause, ErrPermanent) {
+		return cause
+	}
 	return nil
+}
+
+// permanent ends Run with err, which wraps ErrPermanent, and logs it once:
+// the first such error is what Run returns.
+func (l *Loop) permanent(err error) {
+	l.stopOnce.Do(func() {
+		klog.Errorf("%v; stopping the loop", err)
+		l.stop(err)
+	})
 }
 
 // runSession claims and processes machines on sess until ctx is done (and
@@ -282,6 +344,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	busy := make(chan struct{}, l.cfg.Concurrency)   // a token per running handler
 	ending := make(chan struct{}, l.cfg.Concurrency) // a token per end in flight
 	poll := l.cfg.PollMin
+	var idleSince time.Time // since when claims found nothing and no handler ran
 	for {
 		select {
 		case busy <- struct{}{}:
@@ -306,13 +369,36 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 			if claimCtx.Err() != nil {
 				return
 			}
-			if !errors.Is(err, bmdb.ErrNothingToDo) && !errors.Is(err, bmdb.ErrWorkConflict) {
+			idle := errors.Is(err, bmdb.ErrNothingToDo) || errors.Is(err, bmdb.ErrWorkConflict)
+			switch {
+			case bmdb.IsPermanent(err):
+				l.permanent(fmt.Errorf("%w: worker %s: claiming: %w", ErrPermanent, l.cfg.Process, err))
+				return
+			case !idle:
 				klog.Warningf("worker %s: claiming: %v", l.cfg.Process, err)
 			}
-			_ = wait.Sleep(claimCtx, poll-rand.N(poll/2+1))
+			delay := poll - rand.N(poll/2+1)
+			if l.cfg.StopWhenIdle > 0 {
+				switch {
+				case !idle || len(busy) > 0 || len(ending) > 0:
+					idleSince = time.Time{}
+				case idleSince.IsZero():
+					idleSince = time.Now()
+				case time.Since(idleSince) >= l.cfg.StopWhenIdle:
+					klog.V(1).Infof("worker %s: nothing to do for %v; stopping", l.cfg.Process, l.cfg.StopWhenIdle)
+					l.stop(errIdle)
+					return
+				}
+				if !idleSince.IsZero() {
+					// Poll again when the idle time is up, to stop then.
+					delay = max(min(delay, l.cfg.StopWhenIdle-time.Since(idleSince)), 0)
+				}
+			}
+			_ = wait.Sleep(claimCtx, delay)
 			poll = min(2*poll, l.cfg.PollMax)
 			continue
 		}
+		idleSince = time.Time{}
 		poll = l.cfg.PollMin
 		for _, w := range works {
 			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
@@ -388,7 +474,12 @@ func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.T
 			// The commit itself failed (or its outcome is unknown): back off
 			// rather than retry it at once. If it did commit, Fail finds the
 			// claim gone.
-			klog.Warningf("worker %s: finishing %s: %v", l.cfg.Process, w.Machine(), err)
+			named := fmt.Errorf("worker %s: finishing machine %s: %w", l.cfg.Process, w.Machine(), err)
+			if bmdb.IsPermanent(err) {
+				l.permanent(fmt.Errorf("%w: %w", ErrPermanent, named))
+			} else {
+				klog.Warningf("%v", named)
+			}
 			l.end(workCtx, w, &l.failed, l.ending(workCtx, func(ctx context.Context) error {
 				return w.Fail(ctx, &l.cfg.Backoff, "finish failed: "+err.Error())
 			}))

@@ -26,6 +26,7 @@ const process = "install"
 
 type env struct {
 	t    *testing.T
+	dsn  string // the test database, as its owner
 	db   *sql.DB
 	conn *bmdb.Connection
 }
@@ -56,7 +57,7 @@ func newEnv(t *testing.T, n int) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return &env{t: t, db: db, conn: conn}
+	return &env{t: t, dsn: dsn, db: db, conn: conn}
 }
 
 func (e *env) count(query string, args ...any) int {
@@ -395,6 +396,8 @@ func TestNewRejectsBadConfig(t *testing.T) {
 	}{
 		{"Process", func(c *Config) { c.Process = "" }},
 		{"Process", func(c *Config) { c.Process = strings.Repeat("p", bmdb.MaxProcessLength+1) }},
+		{"Process", func(c *Config) { c.Process = "a\nb" }},
+		{"Process", func(c *Config) { c.Process = "burn in" }},
 		{"Retrieve", func(c *Config) { c.Retrieve = nil }},
 		{"Work", func(c *Config) { c.Work = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
@@ -462,15 +465,23 @@ func TestLoopSurvivesKilledConnections(t *testing.T) {
 // finished, not canceled: its result is there to commit.
 func TestLoopFinishesWorkThatSucceedsLate(t *testing.T) {
 	e := newEnv(t, 1)
+	working := make(chan struct{})
 	l, stop := e.start(Config{
 		PollMin:       10 * time.Millisecond,
 		ShutdownGrace: 100 * time.Millisecond,
 		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			close(working)
 			<-ctx.Done() // ignores cancellation, and succeeds anyway
 			return markDone(w), nil
 		},
 	})
-	eventually(t, 10*time.Second, "the claim", func() bool { return e.count("SELECT count(*) FROM work") == 1 })
+	// Work has started (the claim row alone is not enough: a handler that
+	// sees shutdown before it starts gives its claim back unworked).
+	select {
+	case <-working:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Work did not start")
+	}
 	stop()
 	if n := e.count("SELECT count(*) FROM done"); n != 1 {
 		t.Errorf("the late result was not committed")

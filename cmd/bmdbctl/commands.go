@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/model"
@@ -106,14 +107,71 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
-		t := &table{header: []string{"DATABASE", "BINARY", "DIRTY"}}
-		t.add(struct {
-			Database uint `json:"database_version"`
-			Binary   uint `json:"binary_version"`
-			Dirty    bool `json:"dirty"`
-		}{info.Database, info.Binary, info.Dirty}, info.Database, info.Binary, info.Dirty)
+		apps, err := readAppVersions(ctx, c.dsn)
+		if err != nil {
+			return err
+		}
+		t := &table{header: []string{"SCHEMA", "DATABASE", "BINARY", "DIRTY"}}
+		t.add(schemaRow{"bmdb", info.Database, &info.Binary, info.Dirty}, "bmdb", info.Database, info.Binary, info.Dirty)
+		for _, a := range apps {
+			// bmdbctl does not embed applications' migrations: the binary
+			// that knows them is the application's.
+			t.add(a, a.Schema, a.Database, "-", a.Dirty)
+		}
 		return t.print(c.out, c.json)
 	}
+}
+
+// schemaRow is one line of migrate version: bmdb's schema, or an
+// application's (Binary nil: bmdbctl does not know its migrations).
+type schemaRow struct {
+	Schema   string `json:"schema"`
+	Database uint   `json:"database_version"`
+	Binary   *uint  `json:"binary_version,omitempty"`
+	Dirty    bool   `json:"dirty"`
+}
+
+// readAppVersions reads the version table of every application migrated
+// into the database (bmdb.Application: <name>_schema_migrations), by name.
+func readAppVersions(ctx context.Context, dsn string) ([]schemaRow, error) {
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("reading application schema versions: %w", err)
+	}
+	defer db.Close()
+	rows, err := db.QueryContext(ctx, `SELECT table_name FROM information_schema.tables
+		WHERE table_schema = current_schema() AND table_name LIKE '%\_schema\_migrations' AND table_name <> 'schema_migrations'
+		ORDER BY table_name`)
+	if err != nil {
+		return nil, fmt.Errorf("listing application schema version tables: %w", err)
+	}
+	var tables []string
+	for rows.Next() {
+		var name string
+		if err := rows.Scan(&name); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("listing application schema version tables: %w", err)
+		}
+		tables = append(tables, name)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, fmt.Errorf("listing application schema version tables: %w", err)
+	}
+	var out []schemaRow
+	for _, table := range tables {
+		r := schemaRow{Schema: strings.TrimSuffix(table, "_schema_migrations")}
+		var v int64
+		err := db.QueryRowContext(ctx, "SELECT version, dirty FROM "+pq.QuoteIdentifier(table)+" LIMIT 1").Scan(&v, &r.Dirty)
+		switch {
+		case errors.Is(err, sql.ErrNoRows): // created, nothing applied: version 0
+		case err != nil:
+			return nil, fmt.Errorf("reading %s: %w", table, err)
+		default:
+			r.Database = uint(v)
+		}
+		out = append(out, r)
+	}
+	return out, nil
 }
 
 // showMigrationLock prints the migration lock: who holds it, since when,
@@ -250,10 +308,20 @@ func stageNames(ctx context.Context, conn *bmdb.Connection) ([]string, error) {
 	return names, nil
 }
 
+// machinesLimitDefault is the default --limit of machines.
+const machinesLimitDefault = 100
+
+// machinesPage is machines --json: a page of machines and, if there are
+// more, the --after of the next page (as in the web's /machines JSON).
+type machinesPage struct {
+	Machines []web.MachineRow `json:"machines"`
+	Next     string           `json:"next,omitempty"`
+}
+
 func machinesCommand(fs *flag.FlagSet) runFunc {
 	stage := fs.String("stage", "", "only machines at this stage of the application's (its app_stages view)")
 	after := fs.String("after", "", "start after this machine id (keyset pagination: the last id of the previous page)")
-	limit := fs.Int("limit", 100, "at most this many machines")
+	limit := fs.Int("limit", machinesLimitDefault, "at most this many machines (a page; a last line tells the next page's --after)")
 	return func(ctx context.Context, c *common, args []string) error {
 		if err := noArgs("machines", args); err != nil {
 			return err
@@ -279,15 +347,38 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 			case *stage != "" && !slices.Contains(stages, *stage):
 				return usagef("--stage %q is not one of %v", *stage, stages)
 			}
-			rows, err := web.ListMachines(ctx, conn.DB(), web.MachineFilter{Stage: *stage}, afterID, *limit, stages != nil)
+			// One more than a page: whether there is a next one.
+			rows, err := web.ListMachines(ctx, conn.DB(), web.MachineFilter{Stage: *stage}, afterID, *limit+1, stages != nil)
 			if err != nil {
 				return err
+			}
+			next := ""
+			if len(rows) > *limit {
+				rows = rows[:*limit]
+				next = rows[len(rows)-1].MachineID.String()
+			}
+			if c.json {
+				// The web's /machines JSON has the same two keys.
+				return writeJSON(c.out, machinesPage{Machines: rows, Next: next})
 			}
 			t := &table{header: []string{"MACHINE", "STAGE", "LIVE_CLAIMS", "EXPIRED_CLAIMS", "BACKOFFS", "CREATED"}}
 			for _, r := range rows {
 				t.add(r, r.MachineID, r.Stage, r.LiveClaims, r.ExpiredClaims, r.ActiveBackoffs, r.MachineCreatedAt)
 			}
-			return t.print(c.out, c.json)
+			if err := t.print(c.out, false); err != nil {
+				return err
+			}
+			if next != "" {
+				cmd := "bmdbctl machines --after " + next
+				if *stage != "" {
+					cmd += " --stage " + *stage
+				}
+				if *limit != machinesLimitDefault {
+					cmd += fmt.Sprintf(" --limit %d", *limit)
+				}
+				_, err = fmt.Fprintf(c.out, "(more machines: %s)\n", cmd)
+			}
+			return err
 		})
 	}
 }

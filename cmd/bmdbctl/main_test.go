@@ -12,9 +12,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/google/uuid"
@@ -156,10 +158,14 @@ func TestSessionsWorkBackoffs(t *testing.T) {
 
 func TestMachinesAndMachine(t *testing.T) {
 	f := seed(t)
-	var machines []web.MachineRow
-	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--json")), &machines); err != nil || len(machines) != 2 {
-		t.Fatalf("machines --json = %+v, %v", machines, err)
+	var page struct {
+		Machines []web.MachineRow `json:"machines"`
+		Next     *string          `json:"next"`
 	}
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--json")), &page); err != nil || len(page.Machines) != 2 || page.Next != nil {
+		t.Fatalf("machines --json = %+v, %v; want 2 machines and no next", page, err)
+	}
+	machines := page.Machines
 	if _, errOut, code := ctl(t, f.dsn, "machines", "--stage", "flying"); code != 2 || !strings.Contains(errOut, "not one of [new provided agent-started os-installed]") {
 		t.Errorf("machines --stage flying: exit %d, %s", code, errOut)
 	}
@@ -170,8 +176,22 @@ func TestMachinesAndMachine(t *testing.T) {
 	// Keyset pagination: the page after the first machine holds the second.
 	first, second := machines[0].MachineID, machines[1].MachineID
 	out = ok(t, f.dsn, "machines", "--after", first.String())
-	if strings.Contains(out, first.String()) || !strings.Contains(out, second.String()) {
+	if strings.Contains(out, first.String()) || !strings.Contains(out, second.String()) || strings.Contains(out, "more machines") {
 		t.Errorf("machines --after:\n%s", out)
+	}
+	// A full page says how to get the next one, in the table and in JSON;
+	// following it reaches the last page, which says nothing more.
+	out = ok(t, f.dsn, "machines", "--limit", "1")
+	if want := "(more machines: bmdbctl machines --after " + first.String() + " --limit 1)"; !strings.Contains(out, want) || strings.Contains(out, second.String()) {
+		t.Errorf("machines --limit 1 lacks %q:\n%s", want, out)
+	}
+	page.Next = nil
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--limit", "1", "--json")), &page); err != nil || len(page.Machines) != 1 || page.Next == nil || *page.Next != first.String() {
+		t.Errorf("machines --limit 1 --json = %+v, %v; want next %s", page, err, first)
+	}
+	page.Next = nil
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--limit", "1", "--after", first.String(), "--json")), &page); err != nil || len(page.Machines) != 1 || page.Machines[0].MachineID != second || page.Next != nil {
+		t.Errorf("the last page = %+v, %v; want %s and no next", page, err, second)
 	}
 	// One call answers what the machine is doing, who holds it, since when.
 	out = ok(t, f.dsn, "machine", f.busy.String())
@@ -249,6 +269,29 @@ func TestMigrateAndGC(t *testing.T) {
 	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, fmt.Sprintf(`"database_version": %d,`, info.Binary)) {
 		t.Errorf("migrate up:\n%s", out)
 	}
+	// An application's schema, migrated by its own binary, is listed too,
+	// without a binary version (bmdbctl does not embed its migrations).
+	app, err := bmdb.NewApplication("burnin", fstest.MapFS{
+		"m/000001_t.up.sql": {Data: []byte("CREATE TABLE t (x INT8);")}, "m/000001_t.down.sql": {Data: []byte("DROP TABLE t;")},
+		"m/000002_u.up.sql": {Data: []byte("CREATE TABLE u (x INT8);")}, "m/000002_u.down.sql": {Data: []byte("DROP TABLE u;")},
+	}, "m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	appConn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "burner", Application: app})
+	if err != nil {
+		t.Fatal(err)
+	}
+	appConn.Close()
+	out = ok(t, dsn, "migrate", "version")
+	if !regexp.MustCompile(`(?m)^bmdb +\d+ +\d+ +false *$`).MatchString(out) || !regexp.MustCompile(`(?m)^burnin +2 +- +false *$`).MatchString(out) {
+		t.Errorf("migrate version lacks bmdb's or the application's version:\n%s", out)
+	}
+	if out := ok(t, dsn, "migrate", "version", "--json"); !strings.Contains(out, `"schema": "burnin",
+    "database_version": 2,
+    "dirty": false`) {
+		t.Errorf("migrate version --json:\n%s", out)
+	}
 	// The migration lock: none, then one left by a migrator that died, which
 	// unlock clears.
 	if out := ok(t, dsn, "migrate", "lock"); !strings.Contains(out, "(none)") {
@@ -320,6 +363,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"work", "--process"}, 2, "flag needs an argument: --process"},
 		{[]string{"work", "--process", strings.Repeat("p", 200)}, 2, "--process \"ppp"},
 		{[]string{"backoffs", "--process", "\xff"}, 2, "not valid UTF-8"},
+		{[]string{"work", "--process", "a\nb"}, 2, "has a control character"},
+		{[]string{"backoff", "clear", "--machine", id, "--process", "burn in"}, 2, "has white space"},
 		{[]string{"backoff", "clear", "--machine", id}, 2, "--process is required"},
 		{[]string{"backoff", "reset"}, 2, "clear"},
 		{[]string{"migrate", "sideways"}, 2, "up, down, version, lock or unlock"},
@@ -617,7 +662,7 @@ func TestJSONMatchesWeb(t *testing.T) {
 	if !slices.Equal(sessions, webSessions) || !slices.Contains(sessions, "component_name") {
 		t.Errorf("sessions --json keys %v, web's %v", sessions, webSessions)
 	}
-	machines, webMachines := keys(first(t, "machines --json", cli("machines"))), keys(first(t, "web machines", webJSON(t, srv, "/machines")["machines"]))
+	machines, webMachines := keys(first(t, "machines --json", object(t, "machines --json", cli("machines"))["machines"])), keys(first(t, "web machines", webJSON(t, srv, "/machines")["machines"]))
 	if !slices.Equal(machines, webMachines) || !slices.Contains(machines, "machine_created_at") {
 		t.Errorf("machines --json keys %v, web's %v", machines, webMachines)
 	}
@@ -691,9 +736,9 @@ func TestMachinesWithoutStages(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	var machines []web.MachineRow
-	if err := json.Unmarshal([]byte(ok(t, dsn, "machines", "--json")), &machines); err != nil || len(machines) != 1 || machines[0].Stage != "" {
-		t.Errorf("machines --json = %+v, %v", machines, err)
+	var page machinesPage
+	if err := json.Unmarshal([]byte(ok(t, dsn, "machines", "--json")), &page); err != nil || len(page.Machines) != 1 || page.Machines[0].Stage != "" {
+		t.Errorf("machines --json = %+v, %v", page, err)
 	}
 	if out := ok(t, dsn, "machine", id.String()); !strings.Contains(out, "machine "+id.String()+": created") {
 		t.Errorf("machine:\n%s", out)

@@ -21,9 +21,11 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -135,6 +137,16 @@ func run(ctx context.Context, o options) error {
 	host, _ := os.Hostname()
 	runtimeInfo := fmt.Sprintf("worker-example on %s, pid %d", host, os.Getpid())
 
+	// The fleet pages' URL is the first line the demo prints: listen before
+	// anything else (opening bmdb logs its migrations), serve once open.
+	pages, err := listen(o.httpAddr, "fleet pages")
+	if err != nil {
+		return err
+	}
+	if pages != nil {
+		defer pages.Close()
+	}
+
 	reg := prometheus.NewRegistry()
 	metrics, err := bmdb.NewMetrics(reg)
 	if err != nil {
@@ -184,13 +196,10 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	db := conns[0].DB()
-	stopWeb, err := serve(o.httpAddr, "fleet pages", func(mux *http.ServeMux) {
+	stopWeb := serveOn(pages, func(mux *http.ServeMux) {
 		mux.Handle("/", web.New(conns[0].DB(), web.Options{}))
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	})
-	if err != nil {
-		return err
-	}
 	defer stopWeb()
 
 	start := time.Now()
@@ -215,7 +224,8 @@ func run(ctx context.Context, o options) error {
 	}
 	switch {
 	case o.keepServing:
-		fmt.Println("\nthe fleet pages stay up until you interrupt (Ctrl-C)")
+		fmt.Println("\nthe fleet pages stay up until you interrupt (Ctrl-C); the database too, for bmdbctl:")
+		fmt.Printf("  export BMDB_DSN='%s'\n", printableDSN(o.dsn))
 		<-serveCtx.Done()
 	case o.httpAddr != "":
 		fmt.Println("\nthe fleet pages stop now; --keep-serving (make demo KEEP=1) keeps them up after the run")
@@ -226,19 +236,57 @@ func run(ctx context.Context, o options) error {
 // serve starts an HTTP server on addr ("": none) with the routes that
 // routes adds, and returns a function that stops it.
 func serve(addr, what string, routes func(*http.ServeMux)) (func(), error) {
+	ln, err := listen(addr, what)
+	if err != nil {
+		return nil, err
+	}
+	return serveOn(ln, routes), nil
+}
+
+// listen listens on addr ("": nil, no listener) and prints the URL of what
+// it is for.
+func listen(addr, what string) (net.Listener, error) {
 	if addr == "" {
-		return func() {}, nil
+		return nil, nil
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("serving %s: %w", what, err)
 	}
+	fmt.Printf("%s on http://%s/\n", what, ln.Addr())
+	return ln, nil
+}
+
+// serveOn serves the routes that routes adds on ln (nil: nothing), and
+// returns a function that stops it.
+func serveOn(ln net.Listener, routes func(*http.ServeMux)) func() {
+	if ln == nil {
+		return func() {}
+	}
 	mux := http.NewServeMux()
 	routes(mux)
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	fmt.Printf("%s on http://%s/\n", what, ln.Addr())
-	return func() { srv.Close() }, nil
+	return func() { srv.Close() }
+}
+
+// keyValuePassword is the password of a key=value DSN.
+var keyValuePassword = regexp.MustCompile(`(password=)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// printableDSN is dsn with its password, if any, masked: the demo prints
+// it for the user to paste.
+func printableDSN(dsn string) string {
+	u, err := url.Parse(dsn)
+	if err != nil || u.Scheme == "" {
+		return keyValuePassword.ReplaceAllString(dsn, "${1}xxxxx")
+	}
+	if u.User == nil {
+		return dsn
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
 }
 
 // seed inserts n machines, in a session's transaction.

@@ -86,3 +86,17 @@ func TestOptionsValidate(t *testing.T) {
 		}
 	}
 }
+
+// make demo KEEP=1 prints the DSN to paste into bmdbctl: whole (with its
+// sslmode), and never with a password.
+func TestPrintableDSN(t *testing.T) {
+	for in, want := range map[string]string{
+		"postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable": "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable",
+		"postgres://op:s3cret@db:5432/bmdb?sslmode=verify-full":       "postgres://op:xxxxx@db:5432/bmdb?sslmode=verify-full",
+		"host=127.0.0.1 port=5432 dbname=postgres sslmode=disable":    "host=127.0.0.1 port=5432 dbname=postgres sslmode=disable",
+	} {
+		if got := printableDSN(in); got != want {
+			t.Errorf("printableDSN(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -16,7 +16,6 @@ package pipeline
 
 import (
 	"context"
-	"io/fs"
 
 	"github.com/google/uuid"
 
@@ -30,11 +29,11 @@ const Name = "pipeline"
 
 // Application returns the pipeline's schema, for bmdb.Config.Application.
 func Application() *bmdb.Application {
-	files, err := fs.Sub(migrationFiles, "migrations")
+	app, err := bmdb.NewApplication(Name, migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embedded directory is there: a build error otherwise
 	}
-	return &bmdb.Application{Name: Name, Migrations: files}
+	return app
 }
 
 // Stage is one component of the pipeline: a bmdb process, how it finds

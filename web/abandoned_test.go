@@ -1,0 +1,168 @@
+package web
+
+import (
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// history is a fleet after a takeover, a GC of the rest of an expired
+// session's claims, and a backoff that is over, with every session gone:
+// an idle fleet.
+type history struct {
+	*fleet
+	takenOver, collected, backedOff uuid.UUID
+	taker                           uuid.UUID // the session that took over
+}
+
+func seedHistory(t *testing.T) *history {
+	t.Helper()
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testdb.New(t)
+	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "burner", SessionInterval: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	db := conn.DB()
+	frozen, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	if err := frozen.Transact(ctx, func(tx *bmdb.Tx) error {
+		ids, err = tx.CreateMachines(ctx, 3)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	h := &history{takenOver: ids[0], collected: ids[1], backedOff: ids[2]}
+	one := func(id uuid.UUID) func(*bmdb.Tx) ([]uuid.UUID, error) {
+		return func(*bmdb.Tx) ([]uuid.UUID, error) { return []uuid.UUID{id}, nil }
+	}
+	for _, m := range ids[:2] {
+		if _, err := frozen.Work(ctx, "burn-in", one(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The frozen worker's session expires on the database clock; another
+	// takes one of its claims over, which abandons both.
+	if _, err := db.Exec("UPDATE sessions SET deadline = now() - interval '1 second' WHERE session_id = $1", frozen.ID()); err != nil {
+		t.Fatal(err)
+	}
+	taker, err := conn.StartSession(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.taker = taker.ID()
+	w, err := taker.Work(ctx, "burn-in", one(h.takenOver))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Finish(ctx, func(*bmdb.Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	// A failure whose backoff is over by now (on the database clock).
+	w, err = taker.Work(ctx, "memtest", one(h.backedOff))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Fail(ctx, &bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 2}, "ECC errors"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("UPDATE work_backoff SET until = now() - interval '1 minute' WHERE machine_id = $1", h.backedOff); err != nil {
+		t.Fatal(err)
+	}
+	if err := taker.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	frozen.Close(ctx) // its row is gone already (taken over)
+	h.fleet = &fleet{db: db, srv: httptest.NewServer(New(db, Options{}))}
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+// An Abandoned row says why: the holder's session had expired, and the
+// claim was taken over by another session, or removed with the expired
+// session.
+func TestAbandonedSaysWhy(t *testing.T) {
+	h := seedHistory(t)
+	var m Machine
+	h.getJSON(t, "/machine/"+h.takenOver.String(), &m)
+	why := ""
+	for _, e := range m.History {
+		if e.Event == "Abandoned" {
+			why = m.AbandonedWhy[e.ID]
+		}
+	}
+	if want := "its holder's session had expired; taken over by session " + h.taker.String()[:8] + " (burner)"; why != want {
+		t.Errorf("taken-over machine: Abandoned why %q, want %q (history %+v)", why, want, m.History)
+	}
+	_, body := h.get(t, "/machine/"+h.takenOver.String())
+	mustContain(t, "taken-over machine page", body, "taken over by session "+h.taker.String()[:8])
+
+	m = Machine{}
+	h.getJSON(t, "/machine/"+h.collected.String(), &m)
+	if len(m.AbandonedWhy) != 1 {
+		t.Fatalf("collected machine: abandoned_why %v", m.AbandonedWhy)
+	}
+	for _, why := range m.AbandonedWhy {
+		if !strings.Contains(why, "had expired; removed when the expired session was collected (GC) or closed") {
+			t.Errorf("collected machine: Abandoned why %q", why)
+		}
+	}
+}
+
+// A backoff that is over is history: listed under "Past backoffs", not
+// among the backoffs in force.
+func TestPastBackoffsAreHistory(t *testing.T) {
+	h := seedHistory(t)
+	_, body := h.get(t, "/machine/"+h.backedOff.String())
+	inForce, _, _ := strings.Cut(body[strings.Index(body, `id="backoffs"`):], "</table>")
+	if strings.Contains(inForce, "ECC errors") || !strings.Contains(inForce, "none") {
+		t.Errorf("an expired backoff is shown as in force:\n%s", inForce)
+	}
+	i := strings.Index(body, `id="past-backoffs"`)
+	if i < 0 {
+		t.Fatalf("no past backoffs on the machine page:\n%s", body)
+	}
+	mustContain(t, "past backoffs", body[i:], "memtest", "ECC errors", "1.0h")
+}
+
+// A fleet without live sessions. The overview's "live sessions" 0 is not
+// painted red for a process nothing waits for (burn-in), only for one a
+// machine waits for (memtest, whose backoff is over).
+func TestIdleOverviewIsNotRed(t *testing.T) {
+	h := seedHistory(t)
+	var o Overview
+	h.getJSON(t, "/", &o)
+	if hp := health(t, o, "burn-in"); hp.LiveSessions != 0 || hp.Pending != 0 || hp.Warning != "" {
+		t.Errorf("burn-in, nothing waiting: %+v", hp)
+	}
+	if hp := health(t, o, "memtest"); hp.LiveSessions != 0 || hp.Pending != 1 || hp.Warning == "" {
+		t.Errorf("memtest, one machine waiting: %+v", hp)
+	}
+	_, body := h.get(t, "/")
+	rows := map[string]string{}
+	for _, p := range []string{"burn-in", "memtest"} {
+		i := strings.Index(body, "<td>"+p+"</td>")
+		if i < 0 {
+			t.Fatalf("no row for %s in the overview:\n%s", p, body)
+		}
+		rows[p], _, _ = strings.Cut(body[i:], "</tr>")
+	}
+	if strings.Contains(rows["burn-in"], `class="bad"`) || !strings.Contains(rows["burn-in"], `<span class="muted" title="nothing waits for this process">0</span>`) {
+		t.Errorf("burn-in's row, nothing waiting, is red or lacks a muted 0:\n%s", rows["burn-in"])
+	}
+	if !strings.Contains(rows["memtest"], `<span class="bad" title="machines wait for this process and no live session does it">0</span>`) {
+		t.Errorf("memtest's row, a machine waiting, lacks a red 0:\n%s", rows["memtest"])
+	}
+}

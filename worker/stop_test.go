@@ -1,0 +1,257 @@
+package worker
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// runAsync runs l in the background and returns Run's result channel; the
+// run is cancelled at the test's end.
+func runAsync(t *testing.T, l *Loop) <-chan error {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ran <- l.Run(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("Run did not return after its context ended")
+		}
+	})
+	return ran
+}
+
+// returned waits for Run's result, failing the test after timeout.
+func returned(t *testing.T, ran <-chan error, timeout time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-ran:
+		return err
+	case <-time.After(timeout):
+		t.Fatalf("Run did not return within %v", timeout)
+		return nil
+	}
+}
+
+// With StopWhenIdle, Run processes every machine and returns nil once
+// there is nothing left to do. A machine in backoff is nothing to do: Run
+// returns with the one that failed still in backoff.
+func TestStopWhenIdle(t *testing.T) {
+	e := newEnv(t, 20)
+	var failed atomic.Bool
+	l, err := New(e.conn, Config{
+		Process: process, Retrieve: retrieveNotDone, Concurrency: 4,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			if failed.CompareAndSwap(false, true) {
+				return nil, errors.New("burn-in failed")
+			}
+			return markDone(w), nil
+		},
+		Backoff:      bmdb.Backoff{Initial: time.Hour, Maximum: time.Hour, Exponent: 2},
+		StopWhenIdle: 300 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := returned(t, runAsync(t, l), 30*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil once idle", err)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond {
+		t.Errorf("Run returned after %v, before StopWhenIdle", took)
+	}
+	if n := e.count("SELECT count(*) FROM done"); n != 19 {
+		t.Errorf("%d machines done, want 19 (one in backoff)", n)
+	}
+	if n := e.count("SELECT count(*) FROM work_backoff WHERE until > now()"); n != 1 {
+		t.Errorf("%d machines in backoff, want 1", n)
+	}
+	if n := e.count("SELECT count(*) FROM work"); n != 0 {
+		t.Errorf("%d claims left after Run returned", n)
+	}
+	if n := e.count("SELECT count(*) FROM sessions"); n != 0 {
+		t.Errorf("%d sessions left after Run returned", n)
+	}
+}
+
+// A handler still at work keeps the loop running however long claims find
+// nothing; it stops StopWhenIdle after the last handler is done.
+func TestStopWhenIdleWaitsForHandlers(t *testing.T) {
+	e := newEnv(t, 1)
+	release := make(chan struct{})
+	working := make(chan struct{})
+	l, err := New(e.conn, Config{
+		Process: process, Retrieve: retrieveNotDone, Concurrency: 2,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			close(working)
+			<-release
+			return markDone(w), nil
+		},
+		PollMin: 10 * time.Millisecond, PollMax: 20 * time.Millisecond,
+		StopWhenIdle: 50 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := runAsync(t, l)
+	<-working
+	// The other handler slot polls and finds nothing, many times over
+	// StopWhenIdle: Run must not return while the handler works.
+	polls := l.Stats().Polls
+	testdb.Eventually(t, 20*time.Second, "20 idle polls", func() bool { return l.Stats().Polls >= polls+20 })
+	select {
+	case err := <-ran:
+		t.Fatalf("Run returned (%v) while a handler was at work", err)
+	default:
+	}
+	close(release)
+	if err := returned(t, ran, 20*time.Second); err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	if n := e.count("SELECT count(*) FROM done"); n != 1 {
+		t.Errorf("%d machines done, want 1", n)
+	}
+}
+
+// Errors no retry can fix end Run with an error wrapping ErrPermanent and
+// the database's error, instead of a warning every poll: one case per
+// kind, from the retrieval, from a commit, and from a role without rights.
+func TestPermanentErrorsEndRun(t *testing.T) {
+	retrieving := func(query string) Retrieve {
+		return func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error) {
+			rows, err := tx.DBTX().QueryContext(ctx, query)
+			if err != nil {
+				return nil, fmt.Errorf("machines needing burn-in: %w", err)
+			}
+			defer rows.Close()
+			return nil, rows.Err()
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		retrieve Retrieve
+		commit   string // a statement the commit runs, if not empty
+		code     string
+		want     string
+	}{
+		{name: "undefined table", retrieve: retrieving("SELECT machine_id FROM machine_burned_in"), code: "42P01", want: "claiming"},
+		{name: "undefined column", retrieve: retrieving("SELECT burned_at FROM machines"), code: "42703", want: "claiming"},
+		{name: "syntax error", retrieve: retrieving("SELEC machine_id FROM machines"), code: "42601", want: "claiming"},
+		{name: "datatype mismatch", retrieve: retrieving("SELECT CASE WHEN true THEN machine_id ELSE 1 END FROM machines"), code: "42804", want: "claiming"},
+		{name: "undefined table in commit", retrieve: retrieveNotDone, commit: "INSERT INTO machine_burned_in VALUES ($1)", code: "42P01", want: "finishing machine"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, 1)
+			l, err := New(e.conn, Config{
+				Process: process, Retrieve: tc.retrieve,
+				Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+					return func(tx *bmdb.Tx) error {
+						_, err := tx.DBTX().ExecContext(ctx, tc.commit, w.Machine())
+						return err
+					}, nil
+				},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = returned(t, runAsync(t, l), 30*time.Second)
+			checkPermanent(t, err, tc.code, "worker "+process+": "+tc.want)
+			if tc.commit != "" {
+				var m uuid.UUID
+				if err := e.db.QueryRow("SELECT machine_id FROM machines").Scan(&m); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(err.Error(), m.String()) {
+					t.Errorf("Run's error does not name the machine %s: %v", m, err)
+				}
+				if n := e.count("SELECT count(*) FROM work"); n != 0 {
+					t.Errorf("the claim is still held after Run returned")
+				}
+			}
+		})
+	}
+	t.Run("insufficient privilege", func(t *testing.T) {
+		testdb.SkipOnCockroach(t, "roles are made with docs/roles.sql's PostgreSQL form here")
+		e := newEnv(t, 1)
+		role := fmt.Sprintf("bmdb_worker_%d_%d", os.Getpid(), rand.N(1_000_000))
+		script, err := os.ReadFile("../docs/roles.sql")
+		if err != nil {
+			t.Fatal(err)
+		}
+		admin, err := sql.Open("postgres", testdb.DSN(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { admin.Close() })
+		sqlText := strings.NewReplacer("bmdb_worker", role, "bmdb_operator", role+"_op").Replace(string(script))
+		// Roles outlive the database: revoke their grants there, then drop them.
+		t.Cleanup(func() {
+			e.db.Exec(fmt.Sprintf("DROP OWNED BY %s, %s", pq.QuoteIdentifier(role), pq.QuoteIdentifier(role+"_op")))
+			admin.Exec(fmt.Sprintf("DROP ROLE IF EXISTS %s, %s", pq.QuoteIdentifier(role), pq.QuoteIdentifier(role+"_op")))
+		})
+		if _, err := e.db.Exec(sqlText); err != nil {
+			t.Fatalf("docs/roles.sql: %v", err)
+		}
+		// The application's table, without a grant to the worker role.
+		if _, err := e.db.Exec("CREATE TABLE machine_burned_in (machine_id UUID PRIMARY KEY)"); err != nil {
+			t.Fatal(err)
+		}
+		u, err := url.Parse(e.dsn)
+		if err != nil {
+			t.Fatalf("test DSN is not a URL: %v", err)
+		}
+		u.User = url.UserPassword(role, "worker-password") // the test server trusts local connections
+		conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: u.String(), ComponentName: "burner", SkipMigrations: true})
+		if err != nil {
+			t.Fatalf("Open as the worker role: %v", err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		l, err := New(conn, Config{
+			Process: process, Retrieve: retrieving("SELECT machine_id FROM machine_burned_in"),
+			Work: func(context.Context, *bmdb.Work) (func(*bmdb.Tx) error, error) { return nil, nil },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkPermanent(t, returned(t, runAsync(t, l), 30*time.Second), "42501", "worker "+process+": claiming")
+	})
+}
+
+// checkPermanent checks that err is Run's error for a permanent database
+// error: it wraps ErrPermanent and the driver's error with the given code,
+// and says where it came from.
+func checkPermanent(t *testing.T, err error, code, want string) {
+	t.Helper()
+	var pqErr *pq.Error
+	switch {
+	case !errors.Is(err, ErrPermanent):
+		t.Fatalf("Run = %v, want an error wrapping ErrPermanent", err)
+	case !errors.As(err, &pqErr) || string(pqErr.Code) != code:
+		t.Errorf("Run = %v, want it to wrap a pq error %s", err, code)
+	case !bmdb.IsPermanent(err):
+		t.Errorf("bmdb.IsPermanent(%v) = false", err)
+	case !strings.Contains(err.Error(), want):
+		t.Errorf("Run = %v, want it to say %q", err, want)
+	}
+}
