@@ -137,23 +137,30 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 }
 
 // takeOverFirst takes over the first candidate whose claim is held by an
-// expired session, or says why no candidate can be claimed. It returns the
-// processes of the claims it ended as Abandoned.
+// expired session, or says why no candidate can be claimed: ErrWorkConflict
+// if one is claimed by a live session or being claimed by another
+// transaction (machines another process is working on), ErrNothingToDo if
+// all are in backoff. It reads the candidates' states in one statement,
+// and returns the processes of the claims it ended as Abandoned.
 func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, []string, error) {
+	if len(candidates) == 0 {
+		return claim{}, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	}
+	states, err := tx.q.WorkClaimStates(ctx, store.WorkClaimStatesParams{MachineIds: candidates, Process: process})
+	if err != nil {
+		return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
+	}
 	conflict := false
-	for _, machine := range candidates {
-		state, err := tx.q.WorkClaimState(ctx, store.WorkClaimStateParams{MachineID: machine, Process: process})
-		if err != nil {
-			return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading claim of %s: %w", process, machine, err)
-		}
+	for i, state := range states {
+		machine := candidates[i]
 		switch {
 		case state.InBackoff:
 			continue
-		case state.ClaimedLive || !state.Claimed:
+		case !state.Holder.Valid || state.HolderLive:
 			conflict = true
 			continue
 		}
-		abandoned, err := s.takeOver(ctx, tx, process, machine, state.Holder)
+		abandoned, err := s.takeOver(ctx, tx, process, machine, state.Holder.UUID)
 		if err != nil {
 			return claim{}, nil, err
 		}
@@ -165,8 +172,9 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 		if err != nil {
 			return claim{}, nil, err
 		}
-		if len(got) == 0 { // claimed meanwhile by a transaction that committed
-			return claim{}, nil, fmt.Errorf("%w (process %q, machine %s)", ErrWorkConflict, process, machine)
+		if len(got) == 0 { // being claimed by another transaction
+			conflict = true
+			continue
 		}
 		return got[0], abandoned, nil
 	}
@@ -255,6 +263,23 @@ func (s *Session) resolveClaims(ctx context.Context, process string, reqs []*req
 		}
 	}
 	return nil
+}
+
+// countClaims counts a claim call that asked for limit machines and got
+// claimed, with err.
+func (c *Connection) countClaims(limit, claimed int, err error) {
+	st := &c.stats
+	switch {
+	case errors.Is(err, ErrWorkConflict):
+		st.claimConflicts.Add(1)
+	case errors.Is(err, ErrNothingToDo):
+		st.claimNothingToDo.Add(1)
+	case err != nil:
+		return
+	}
+	st.claimCalls.Add(1)
+	st.claimsAsked.Add(int64(limit))
+	st.claimed.Add(int64(claimed))
 }
 
 // distinct returns ids without repetitions, in first-seen order.

@@ -98,13 +98,19 @@ type Config struct {
 
 	// ClaimConcurrency bounds how many claim transactions (the batches of
 	// Work, WorkBatch, Finish, Cancel and Fail, and ClearBackoff) of the
-	// connection run
-	// at once; the others wait their turn (ctx-aware). On PostgreSQL,
-	// SERIALIZABLE claim transactions on the small, hot work table conflict
-	// with each other whatever machines they touch, so running them one at
-	// a time is faster than letting them abort and retry: 0 means 1 there.
-	// On CockroachDB, whose conflicts are per key, 0 means no bound.
-	// Negative means no bound on either. Session.Transact is never bounded.
+	// connection run at once; the others wait their turn (ctx-aware), ends
+	// first. On PostgreSQL, SERIALIZABLE tracks reads of the small, hot work
+	// index per page, so concurrent claim transactions abort each other
+	// whatever machines they touch: 0 means 1 there, and with 0 or 1 they
+	// are also serialized across connections (every process's) by a lock of
+	// the claim_gate table, taken before the transaction's snapshot, so
+	// that processes neither abort each other nor miss each other's
+	// claims. A transaction stalled while it holds the gate delays every
+	// process's claims and ends by up to lock_timeout (then they retry),
+	// until the server ends it (idle_in_transaction_session_timeout).
+	// On CockroachDB, whose conflicts are per key, 0 means no bound and no
+	// gate. Negative means no bound and no gate on either. Session.Transact
+	// is never bounded.
 	ClaimConcurrency int
 
 	// Metrics receives the connection's Prometheus metrics (see

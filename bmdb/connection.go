@@ -52,6 +52,9 @@ type Connection struct {
 	prepared *store.Queries
 	// faults injects CockroachDB's errors in cockroach mode; nil: none.
 	faults *faults
+	// claimGate: batch transactions take the claim gate first
+	// (PostgreSQL, ClaimConcurrency 0 or 1). Set by Open.
+	claimGate bool
 	// claimSlots bounds concurrent claim transactions (ClaimConcurrency);
 	// nil: no bound.
 	claimSlots *slots
@@ -66,7 +69,14 @@ type counters struct {
 	txRetries           atomic.Int64
 	txConnectionRetries atomic.Int64
 	txCommitRetries     atomic.Int64
+	txLockTimeouts      atomic.Int64
+	txDeadlocks         atomic.Int64
 	heartbeatFailures   atomic.Int64
+	claimCalls          atomic.Int64
+	claimsAsked         atomic.Int64
+	claimed             atomic.Int64
+	claimConflicts      atomic.Int64
+	claimNothingToDo    atomic.Int64
 }
 
 // testHooks let tests inside this package inject faults. Zero means none.
@@ -97,8 +107,28 @@ type Stats struct {
 	// TxConnectionRetries counts attempts retried because the connection
 	// failed before COMMIT (the server rolled them back).
 	TxConnectionRetries int64
+	// TxLockTimeouts counts the TxRetries whose error was a lock timeout
+	// (55P03): the transaction waited lock_timeout for another one.
+	TxLockTimeouts int64
+	// TxDeadlocks counts the TxRetries whose error was a deadlock (40P01).
+	TxDeadlocks int64
 	// HeartbeatFailures counts failed heartbeat attempts.
 	HeartbeatFailures int64
+
+	// ClaimCalls counts the Work and WorkBatch calls that claimed, or
+	// returned ErrWorkConflict or ErrNothingToDo.
+	ClaimCalls int64
+	// ClaimsAsked counts the machines those calls asked for (their limits).
+	ClaimsAsked int64
+	// Claimed counts the machines they claimed.
+	Claimed int64
+	// ClaimConflicts counts the calls that returned ErrWorkConflict: their
+	// candidates were claimed, or being claimed, by other sessions. A
+	// process that keeps getting them while others claim is losing its
+	// candidates to them.
+	ClaimConflicts int64
+	// ClaimNothingToDo counts the calls that returned ErrNothingToDo.
+	ClaimNothingToDo int64
 }
 
 // Open connects to the database in cfg.DSN, detects whether it is
@@ -180,6 +210,7 @@ func (c *Connection) setUp(ctx context.Context, cockroachMode bool) error {
 	if n := c.cfg.ClaimConcurrency; n > 0 || (n == 0 && c.engine == enginePostgres) {
 		c.claimSlots = newSlots(max(n, 1))
 	}
+	c.claimGate = c.engine == enginePostgres && c.cfg.ClaimConcurrency >= 0 && c.cfg.ClaimConcurrency <= 1
 	return migrateOnOpen(ctx, c, !c.cfg.SkipMigrations)
 }
 
@@ -232,7 +263,14 @@ func (c *Connection) Stats() Stats {
 		TxRetries:           c.stats.txRetries.Load(),
 		TxCommitRetries:     c.stats.txCommitRetries.Load(),
 		TxConnectionRetries: c.stats.txConnectionRetries.Load(),
+		TxLockTimeouts:      c.stats.txLockTimeouts.Load(),
+		TxDeadlocks:         c.stats.txDeadlocks.Load(),
 		HeartbeatFailures:   c.stats.heartbeatFailures.Load(),
+		ClaimCalls:          c.stats.claimCalls.Load(),
+		ClaimsAsked:         c.stats.claimsAsked.Load(),
+		Claimed:             c.stats.claimed.Load(),
+		ClaimConflicts:      c.stats.claimConflicts.Load(),
+		ClaimNothingToDo:    c.stats.claimNothingToDo.Load(),
 	}
 }
 

@@ -54,7 +54,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		txAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bmdb_transaction_attempts_total", Help: "Transaction attempts, first tries and retries."}, component),
 		txRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_transaction_retries_total", Help: "Transaction attempts retried, by reason: serialization failure, or connection failure before COMMIT."},
+			Name: "bmdb_transaction_retries_total", Help: "Transaction attempts retried, by reason: serialization failure, lock_timeout, deadlock, or connection failure before COMMIT."},
 			[]string{"component", "reason"}),
 		workEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "bmdb_work_events_total", Help: "Committed work history events by process and event."},

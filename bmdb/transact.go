@@ -118,6 +118,9 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...t
 	if !opt.claimSlot {
 		slots = nil
 	}
+	if opt.claimSlot && c.claimGate {
+		fn = gated(ctx, fn)
+	}
 	run := c.attemptPostgres
 	if c.engine == engineCockroach {
 		run = c.attemptCockroach
@@ -129,6 +132,24 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...t
 		defer slots.release()
 		return run(ctx, a, fn)
 	})
+}
+
+// sqlClaimGate is the first statement of a batch transaction on
+// PostgreSQL (migration 000013 explains the table). LOCK TABLE takes no
+// snapshot, so the transaction's snapshot, taken by its next statement,
+// sees every batch committed before it.
+const sqlClaimGate = "LOCK TABLE claim_gate IN EXCLUSIVE MODE"
+
+// gated is fn behind the claim gate: it waits for the gate (at most
+// lock_timeout, then a retryable 55P03), which it holds until the
+// transaction ends.
+func gated(ctx context.Context, fn func(*Tx) error) func(*Tx) error {
+	return func(tx *Tx) error {
+		if _, err := tx.tx.ExecContext(ctx, sqlClaimGate); err != nil {
+			return fmt.Errorf("bmdb: waiting for the claim gate: %w", err)
+		}
+		return fn(tx)
+	}
 }
 
 // attempts counts the attempts of one transaction and keeps the last
@@ -152,7 +173,7 @@ func (c *Connection) retry(ctx context.Context, attempt func(*attempts) error) e
 		case errors.As(err, &restart):
 			// counted where it happened
 		case retryable(err):
-			c.countRetry(retrySerialization)
+			c.countRetry(retryReason(err))
 		case errors.Is(err, errConnectionBeforeCommit):
 			c.countRetry(retryConnection)
 		default:
@@ -343,13 +364,33 @@ func (c *Connection) countAttempt() {
 // Reasons of retries, the label of bmdb_transaction_retries_total.
 const (
 	retrySerialization = "serialization"
+	retryLockTimeout   = "lock_timeout"
+	retryDeadlock      = "deadlock"
 	retryConnection    = "connection"
 )
 
+// retryReason is the reason of a retry for retryable error err.
+func retryReason(err error) string {
+	switch sqlState(err) {
+	case codeLockNotAvailable:
+		return retryLockTimeout
+	case codeDeadlockDetected:
+		return retryDeadlock
+	}
+	return retrySerialization
+}
+
 func (c *Connection) countRetry(reason string) {
-	if reason == retryConnection {
+	switch reason {
+	case retryConnection:
 		c.stats.txConnectionRetries.Add(1)
-	} else {
+	case retryLockTimeout:
+		c.stats.txLockTimeouts.Add(1)
+		c.stats.txRetries.Add(1)
+	case retryDeadlock:
+		c.stats.txDeadlocks.Add(1)
+		c.stats.txRetries.Add(1)
+	default:
 		c.stats.txRetries.Add(1)
 	}
 	c.metrics.m.txRetries.WithLabelValues(c.metrics.component, reason).Inc()

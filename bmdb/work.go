@@ -123,6 +123,7 @@ func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retr
 	if err == nil {
 		err = c.err
 	}
+	s.conn.countClaims(limit, len(c.claims), err)
 	metrics := s.conn.metrics
 	if err != nil {
 		if errors.Is(err, ErrWorkConflict) {

@@ -94,19 +94,22 @@ type Config struct {
 	// that end's transaction), so the loop holds up to 2*Concurrency
 	// claims. At most bmdb.MaxBatch. Defaults to ConcurrencyDefault.
 	Concurrency int
-	// Candidates is the limit passed to Retrieve. The loop tries the
-	// candidates in random order, so that loops of other processes spread
-	// over them. Defaults to CandidatesDefault, or 2*Concurrency if that is
-	// more.
+	// Candidates is the limit passed to Retrieve (widened after conflicts,
+	// see PollMin). The loop tries the candidates in random order, so that
+	// loops of other processes spread over them. Defaults to
+	// CandidatesDefault, or 2*Concurrency if that is more.
 	Candidates int
 	// Backoff is applied to a machine whose Work failed. Defaults to
 	// BackoffDefault.
 	Backoff bmdb.Backoff
 	// PollMin and PollMax bound the wait of a claimer that found nothing to
-	// do (or only conflicts): it starts at PollMin, doubles up to PollMax
-	// while nothing is found, and each wait is jittered down by up to half,
-	// so idle claimers neither spin nor wake in step. Defaults to
-	// PollMinDefault and PollMaxDefault.
+	// do: it starts at PollMin, doubles up to PollMax while nothing is
+	// found, and each wait is jittered down by up to half, so idle claimers
+	// neither spin nor wake in step. A claimer whose candidates were all
+	// taken by other sessions (bmdb.ErrWorkConflict: work exists) does not
+	// wait: it asks at once for twice as many candidates, up to
+	// conflictWiden times, and waits as for nothing to do only after that.
+	// Defaults to PollMinDefault and PollMaxDefault.
 	PollMin, PollMax time.Duration
 	// ShutdownGrace is how long in-flight work may run on after Run's
 	// context is done before its context is cancelled and its claim
@@ -183,12 +186,17 @@ func (c Config) validate() error {
 type Stats struct {
 	Sessions  int64 // sessions started
 	Polls     int64 // claim calls (Session.WorkBatch)
+	Asked     int64 // machines asked for by those calls (free handlers)
 	Claimed   int64 // successful claims
 	Finished  int64 // claims ended by Finish
 	Failed    int64 // claims ended by Fail
 	Canceled  int64 // claims ended by Cancel (shutdown)
 	Lost      int64 // claims lost with their session, or fenced off
-	Conflicts int64 // Work calls that returned ErrWorkConflict
+	Conflicts int64 // claim calls that returned ErrWorkConflict (candidates taken)
+
+	NothingToDo int64         // claim calls that returned ErrNothingToDo
+	PollSleeps  int64         // waits between claim calls (nothing to do, conflicts after widening, errors)
+	PollSleep   time.Duration // time spent in those waits
 }
 
 // Loop runs claimers for one process. Create it with New and run it once
@@ -202,10 +210,11 @@ type Loop struct {
 	// the claimer and the handlers.
 	stop context.CancelCauseFunc
 
-	stopOnce                                   sync.Once // guards the first permanent error
-	started                                    atomic.Bool
-	sessions, polls, claimed, finished, failed atomic.Int64
-	canceled, lost, conflicts                  atomic.Int64
+	stopOnce                                          sync.Once // guards the first permanent error
+	started                                           atomic.Bool
+	sessions, polls, asked, claimed, finished, failed atomic.Int64
+	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
+	slept                                             atomic.Int64 // nanoseconds
 }
 
 // New returns a Loop over conn, or an error wrapping bmdb.ErrInvalidArgument
@@ -226,7 +235,8 @@ func (l *Loop) Stats() Stats {
 	return Stats{
 		Sessions: l.sessions.Load(), Polls: l.polls.Load(), Claimed: l.claimed.Load(),
 		Finished: l.finished.Load(), Failed: l.failed.Load(), Canceled: l.canceled.Load(),
-		Lost: l.lost.Load(), Conflicts: l.conflicts.Load(),
+		Lost: l.lost.Load(), Conflicts: l.conflicts.Load(), Asked: l.asked.Load(),
+		NothingToDo: l.nothing.Load(), PollSleeps: l.sleeps.Load(), PollSleep: time.Duration(l.slept.Load()),
 	}
 }
 
@@ -344,6 +354,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	busy := make(chan struct{}, l.cfg.Concurrency)   // a token per running handler
 	ending := make(chan struct{}, l.cfg.Concurrency) // a token per end in flight
 	poll := l.cfg.PollMin
+	widen := 0              // consecutive conflicts: candidates are widened 2^widen times
 	var idleSince time.Time // since when claims found nothing and no handler ran
 	for {
 		select {
@@ -361,13 +372,19 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 				break more
 			}
 		}
-		works, err := l.claim(claimCtx, sess, free)
+		works, err := l.claim(claimCtx, sess, free, widen)
 		for range free - len(works) {
 			<-busy
 		}
 		if err != nil {
 			if claimCtx.Err() != nil {
 				return
+			}
+			if errors.Is(err, bmdb.ErrWorkConflict) && widen < conflictWiden {
+				// Work exists, but these candidates were taken by other
+				// sessions: look wider at once.
+				widen++
+				continue
 			}
 			idle := errors.Is(err, bmdb.ErrNothingToDo) || errors.Is(err, bmdb.ErrWorkConflict)
 			switch {
@@ -394,12 +411,12 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 					delay = max(min(delay, l.cfg.StopWhenIdle-time.Since(idleSince)), 0)
 				}
 			}
-			_ = wait.Sleep(claimCtx, delay)
+			l.sleep(claimCtx, delay)
 			poll = min(2*poll, l.cfg.PollMax)
 			continue
 		}
 		idleSince = time.Time{}
-		poll = l.cfg.PollMin
+		poll, widen = l.cfg.PollMin, 0
 		for _, w := range works {
 			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
 		}
@@ -433,11 +450,27 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, end
 	l.settle(workCtx, w, commit, err)
 }
 
-// claim claims up to n machines in one call, with shuffled candidates.
-func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n int) ([]*bmdb.Work, error) {
+// conflictWiden bounds how many times in a row a claimer that lost all its
+// candidates to other sessions doubles its candidates and claims again at
+// once.
+const conflictWiden = 3
+
+// sleep waits d (or until ctx ends) between claim calls, and counts it.
+func (l *Loop) sleep(ctx context.Context, d time.Duration) {
+	start := time.Now()
+	_ = wait.Sleep(ctx, d)
+	l.sleeps.Add(1)
+	l.slept.Add(int64(time.Since(start)))
+}
+
+// claim claims up to n machines in one call, with Candidates<<widen
+// candidates (at most 2^20), shuffled.
+func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*bmdb.Work, error) {
 	l.polls.Add(1)
+	l.asked.Add(int64(n))
+	candidates := int32(min(l.cfg.Candidates<<widen, 1<<20))
 	retrieve := func(tx *bmdb.Tx) ([]uuid.UUID, error) {
-		ids, err := l.cfg.Retrieve(ctx, tx, int32(l.cfg.Candidates))
+		ids, err := l.cfg.Retrieve(ctx, tx, candidates)
 		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		return ids, err
 	}
@@ -447,6 +480,8 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n int) ([]*bmdb.Wo
 		l.claimed.Add(int64(len(works)))
 	case errors.Is(err, bmdb.ErrWorkConflict):
 		l.conflicts.Add(1)
+	case errors.Is(err, bmdb.ErrNothingToDo):
+		l.nothing.Add(1)
 	}
 	return works, err
 }

@@ -72,8 +72,8 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workClaimManyStmt, err = db.PrepareContext(ctx, workClaimMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkClaimMany: %w", err)
 	}
-	if q.workClaimStateStmt, err = db.PrepareContext(ctx, workClaimState); err != nil {
-		return nil, fmt.Errorf("error preparing query WorkClaimState: %w", err)
+	if q.workClaimStatesStmt, err = db.PrepareContext(ctx, workClaimStates); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkClaimStates: %w", err)
 	}
 	if q.workEndManyStmt, err = db.PrepareContext(ctx, workEndMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEndMany: %w", err)
@@ -178,9 +178,9 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workClaimManyStmt: %w", cerr)
 		}
 	}
-	if q.workClaimStateStmt != nil {
-		if cerr := q.workClaimStateStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing workClaimStateStmt: %w", cerr)
+	if q.workClaimStatesStmt != nil {
+		if cerr := q.workClaimStatesStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workClaimStatesStmt: %w", cerr)
 		}
 	}
 	if q.workEndManyStmt != nil {
@@ -268,7 +268,7 @@ type Queries struct {
 	workBackoffIntervalsStmt     *sql.Stmt
 	workBackoffUpsertManyStmt    *sql.Stmt
 	workClaimManyStmt            *sql.Stmt
-	workClaimStateStmt           *sql.Stmt
+	workClaimStatesStmt          *sql.Stmt
 	workEndManyStmt              *sql.Stmt
 	workEndSessionStmt           *sql.Stmt
 	workFinishManyStmt           *sql.Stmt
@@ -297,7 +297,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workBackoffIntervalsStmt:     q.workBackoffIntervalsStmt,
 		workBackoffUpsertManyStmt:    q.workBackoffUpsertManyStmt,
 		workClaimManyStmt:            q.workClaimManyStmt,
-		workClaimStateStmt:           q.workClaimStateStmt,
+		workClaimStatesStmt:          q.workClaimStatesStmt,
 		workEndManyStmt:              q.workEndManyStmt,
 		workEndSessionStmt:           q.workEndSessionStmt,
 		workFinishManyStmt:           q.workFinishManyStmt,

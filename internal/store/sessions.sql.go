@@ -140,11 +140,15 @@ func (q *Queries) SessionLockExpired(ctx context.Context, arg SessionLockExpired
 const sessionLockIfExpired = `-- name: SessionLockIfExpired :one
 SELECT session_id FROM sessions
 WHERE session_id = $1 AND deadline <= statement_timestamp()
-FOR UPDATE
+FOR NO KEY UPDATE SKIP LOCKED
 `
 
 // SessionLockIfExpired locks an expired session for deletion (a takeover of
-// its claims) and returns its id; no row if it is alive or gone.
+// its claims) and returns its id; no row if it is alive, gone, or being
+// superseded by another transaction (a takeover or GC), which it skips
+// rather than wait for. The lock (NO KEY UPDATE) does not conflict with
+// the expired session's own transactions; the DELETE that follows does
+// (see "Fencing" in bmdb's package doc).
 func (q *Queries) SessionLockIfExpired(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionLockIfExpiredStmt, sessionLockIfExpired, sessionID)
 	var session_id uuid.UUID

@@ -57,13 +57,22 @@ func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.U
 }
 
 const workClaimMany = `-- name: WorkClaimMany :many
-WITH claim AS (
+WITH locked AS (
+    SELECT m.machine_id FROM machines m
+    WHERE m.machine_id = ANY ($2::UUID[])
+    ORDER BY m.machine_id
+    FOR NO KEY UPDATE SKIP LOCKED
+), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
-    SELECT c.machine_id, $2::TEXT, $3::UUID, statement_timestamp()
-    FROM unnest($4::UUID[]) AS c (machine_id)
-    WHERE NOT EXISTS (
+    SELECT c.machine_id, $3::TEXT, $4::UUID, statement_timestamp()
+    FROM unnest($2::UUID[]) AS c (machine_id)
+    WHERE (
+        c.machine_id IN (SELECT locked.machine_id FROM locked)
+        -- not a machine: the foreign key fails the statement (ErrUnknownMachine)
+        OR NOT EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = c.machine_id)
+    ) AND NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = c.machine_id AND b.process = $2::TEXT
+        WHERE b.machine_id = c.machine_id AND b.process = $3::TEXT
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
@@ -83,9 +92,9 @@ RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_t
 
 type WorkClaimManyParams struct {
 	ComponentName string
+	MachineIds    []uuid.UUID
 	Process       string
 	SessionID     uuid.UUID
-	MachineIds    []uuid.UUID
 }
 
 type WorkClaimManyRow struct {
@@ -98,17 +107,27 @@ type WorkClaimManyRow struct {
 // neither claimed for process nor in backoff for it, records Started for
 // each with its fencing token (work_fencing, one more than the previous
 // claim's), and returns the claimed machines with their claim ids and
-// tokens. It reads no work row (the unique index decides), so on PostgreSQL
-// an uncontended claim takes no SERIALIZABLE read lock on the small, hot
-// work index, and concurrent claims of different machines do not conflict
-// through it. A concurrent claim of the same machine fails one of them
-// with 40001.
+// tokens. Like every claim and end statement, it dates its rows by
+// statement_timestamp(), not by the transaction's start: sorted by time, a
+// machine's history is the order of its events.
+//
+// It first locks the machines' rows, in id order, FOR NO KEY UPDATE SKIP
+// LOCKED, and claims only those it locked; the lock is held until the
+// transaction ends. So two transactions never claim the same machine at
+// once: the second skips it rather than wait for the first's uncommitted
+// claim (and then fail on it, or deadlock on another's). The lock does not
+// conflict with the KEY SHARE locks that foreign keys to machines take
+// (an application's tag rows, another claim's history row). Every claim
+// goes through this statement, so only a transaction claiming the machine
+// skips it. A claim committed after this transaction's snapshot, which
+// the snapshot cannot see, fails it with 40001 (retried, with a snapshot
+// that sees it).
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
 		arg.ComponentName,
+		pq.Array(arg.MachineIds),
 		arg.Process,
 		arg.SessionID,
-		pq.Array(arg.MachineIds),
 	)
 	if err != nil {
 		return nil, err
@@ -131,53 +150,58 @@ func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([
 	return items, nil
 }
 
-const workClaimState = `-- name: WorkClaimState :one
+const workClaimStates = `-- name: WorkClaimStates :many
 SELECT
     EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = $1 AND b.process = $2
+        WHERE b.machine_id = c.machine_id AND b.process = $1::TEXT
           AND b.until > now()
     ) AS in_backoff,
-    EXISTS (
-        SELECT 1 FROM work w
-        WHERE w.machine_id = $1 AND w.process = $2
-    ) AS claimed,
-    EXISTS (
-        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.machine_id = $1 AND w.process = $2
-          AND s.deadline > statement_timestamp()
-    ) AS claimed_live,
-    (
-        SELECT w.session_id FROM work w
-        WHERE w.machine_id = $1 AND w.process = $2
-    )::UUID AS holder
+    w.session_id AS holder,
+    COALESCE(s.deadline > statement_timestamp(), FALSE)::BOOLEAN AS holder_live
+FROM unnest($2::UUID[]) WITH ORDINALITY AS c (machine_id, ord)
+LEFT JOIN work w ON w.machine_id = c.machine_id AND w.process = $1::TEXT
+LEFT JOIN sessions s ON s.session_id = w.session_id
+ORDER BY c.ord
 `
 
-type WorkClaimStateParams struct {
-	MachineID uuid.UUID
-	Process   string
+type WorkClaimStatesParams struct {
+	Process    string
+	MachineIds []uuid.UUID
 }
 
-type WorkClaimStateRow struct {
-	InBackoff   bool
-	Claimed     bool
-	ClaimedLive bool
-	Holder      uuid.UUID
+type WorkClaimStatesRow struct {
+	InBackoff  bool
+	Holder     uuid.NullUUID
+	HolderLive bool
 }
 
-// WorkClaimState tells why (machine, process) could not be claimed: whether
-// it is in backoff, whether a claim exists and is held by a live session,
-// and which session holds it (NULL: none).
-func (q *Queries) WorkClaimState(ctx context.Context, arg WorkClaimStateParams) (WorkClaimStateRow, error) {
-	row := q.queryRow(ctx, q.workClaimStateStmt, workClaimState, arg.MachineID, arg.Process)
-	var i WorkClaimStateRow
-	err := row.Scan(
-		&i.InBackoff,
-		&i.Claimed,
-		&i.ClaimedLive,
-		&i.Holder,
-	)
-	return i, err
+// WorkClaimStates tells, for each of machine_ids, in their order, why it could
+// not be claimed for process: whether it is in backoff, and which session
+// holds its claim (NULL: none) and whether that session is alive. A claim
+// being made by a transaction not yet committed is not seen: such a
+// machine has no holder here.
+func (q *Queries) WorkClaimStates(ctx context.Context, arg WorkClaimStatesParams) ([]WorkClaimStatesRow, error) {
+	rows, err := q.query(ctx, q.workClaimStatesStmt, workClaimStates, arg.Process, pq.Array(arg.MachineIds))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkClaimStatesRow{}
+	for rows.Next() {
+		var i WorkClaimStatesRow
+		if err := rows.Scan(&i.InBackoff, &i.Holder, &i.HolderLive); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const workEndMany = `-- name: WorkEndMany :many

@@ -69,10 +69,14 @@ FOR UPDATE;
 
 -- name: SessionLockIfExpired :one
 -- SessionLockIfExpired locks an expired session for deletion (a takeover of
--- its claims) and returns its id; no row if it is alive or gone.
+-- its claims) and returns its id; no row if it is alive, gone, or being
+-- superseded by another transaction (a takeover or GC), which it skips
+-- rather than wait for. The lock (NO KEY UPDATE) does not conflict with
+-- the expired session's own transactions; the DELETE that follows does
+-- (see "Fencing" in bmdb's package doc).
 SELECT session_id FROM sessions
 WHERE session_id = sqlc.arg(session_id) AND deadline <= statement_timestamp()
-FOR UPDATE;
+FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: SessionDeleteMany :execrows
 -- SessionDeleteMany removes the given sessions (locked by

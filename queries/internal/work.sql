@@ -1,26 +1,21 @@
--- name: WorkClaimState :one
--- WorkClaimState tells why (machine, process) could not be claimed: whether
--- it is in backoff, whether a claim exists and is held by a live session,
--- and which session holds it (NULL: none).
+-- name: WorkClaimStates :many
+-- WorkClaimStates tells, for each of machine_ids, in their order, why it could
+-- not be claimed for process: whether it is in backoff, and which session
+-- holds its claim (NULL: none) and whether that session is alive. A claim
+-- being made by a transaction not yet committed is not seen: such a
+-- machine has no holder here.
 SELECT
     EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = sqlc.arg(machine_id) AND b.process = sqlc.arg(process)
+        WHERE b.machine_id = c.machine_id AND b.process = sqlc.arg(process)::TEXT
           AND b.until > now()
     ) AS in_backoff,
-    EXISTS (
-        SELECT 1 FROM work w
-        WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
-    ) AS claimed,
-    EXISTS (
-        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
-          AND s.deadline > statement_timestamp()
-    ) AS claimed_live,
-    (
-        SELECT w.session_id FROM work w
-        WHERE w.machine_id = sqlc.arg(machine_id) AND w.process = sqlc.arg(process)
-    )::UUID AS holder;
+    w.session_id AS holder,
+    COALESCE(s.deadline > statement_timestamp(), FALSE)::BOOLEAN AS holder_live
+FROM unnest(sqlc.arg(machine_ids)::UUID[]) WITH ORDINALITY AS c (machine_id, ord)
+LEFT JOIN work w ON w.machine_id = c.machine_id AND w.process = sqlc.arg(process)::TEXT
+LEFT JOIN sessions s ON s.session_id = w.session_id
+ORDER BY c.ord;
 
 -- name: WorkEndSession :many
 -- WorkEndSession removes every claim of a session, recording the given event
@@ -66,16 +61,35 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 -- neither claimed for process nor in backoff for it, records Started for
 -- each with its fencing token (work_fencing, one more than the previous
 -- claim's), and returns the claimed machines with their claim ids and
--- tokens. It reads no work row (the unique index decides), so on PostgreSQL
--- an uncontended claim takes no SERIALIZABLE read lock on the small, hot
--- work index, and concurrent claims of different machines do not conflict
--- through it. A concurrent claim of the same machine fails one of them
--- with 40001.
-WITH claim AS (
+-- tokens. Like every claim and end statement, it dates its rows by
+-- statement_timestamp(), not by the transaction's start: sorted by time, a
+-- machine's history is the order of its events.
+--
+-- It first locks the machines' rows, in id order, FOR NO KEY UPDATE SKIP
+-- LOCKED, and claims only those it locked; the lock is held until the
+-- transaction ends. So two transactions never claim the same machine at
+-- once: the second skips it rather than wait for the first's uncommitted
+-- claim (and then fail on it, or deadlock on another's). The lock does not
+-- conflict with the KEY SHARE locks that foreign keys to machines take
+-- (an application's tag rows, another claim's history row). Every claim
+-- goes through this statement, so only a transaction claiming the machine
+-- skips it. A claim committed after this transaction's snapshot, which
+-- the snapshot cannot see, fails it with 40001 (retried, with a snapshot
+-- that sees it).
+WITH locked AS (
+    SELECT m.machine_id FROM machines m
+    WHERE m.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+    ORDER BY m.machine_id
+    FOR NO KEY UPDATE SKIP LOCKED
+), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
     SELECT c.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
     FROM unnest(sqlc.arg(machine_ids)::UUID[]) AS c (machine_id)
-    WHERE NOT EXISTS (
+    WHERE (
+        c.machine_id IN (SELECT locked.machine_id FROM locked)
+        -- not a machine: the foreign key fails the statement (ErrUnknownMachine)
+        OR NOT EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = c.machine_id)
+    ) AND NOT EXISTS (
         SELECT 1 FROM work_backoff b
         WHERE b.machine_id = c.machine_id AND b.process = sqlc.arg(process)::TEXT
           AND b.until > now()
