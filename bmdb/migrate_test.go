@@ -6,6 +6,7 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/bmdb-dev/bmdb/internal/migrate"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
@@ -37,11 +38,11 @@ func TestMigrateUpDownUp(t *testing.T) {
 	dsn := testdb.NewEmpty(t)
 	db := openRaw(t, dsn)
 	ctx := context.Background()
-	src, err := bmdbSource()
+	src, err := migrate.BmdbSource()
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := func() error { return MigrateDown(ctx, dsn, int(src.latest)) }
+	down := func() error { return MigrateDown(ctx, dsn, int(src.Latest)) }
 	up := func() error { return MigrateUp(ctx, dsn) }
 	for i, step := range []struct {
 		run    func() error
@@ -55,8 +56,8 @@ func TestMigrateUpDownUp(t *testing.T) {
 		}
 	}
 	info, err := ReadSchemaInfo(ctx, dsn)
-	if err != nil || info.Dirty || info.Database != src.latest || info.Database == 0 {
-		t.Fatalf("ReadSchemaInfo = %+v, %v; latest %d", info, err, src.latest)
+	if err != nil || info.Dirty || info.Database != src.Latest || info.Database == 0 {
+		t.Fatalf("ReadSchemaInfo = %+v, %v; latest %d", info, err, src.Latest)
 	}
 }
 

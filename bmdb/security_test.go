@@ -297,11 +297,12 @@ func packageConsts(files []*ast.File) map[string]bool {
 
 // forwarders are the functions that pass on a query they were given rather
 // than build one, each called only with constant text: the driver wrapper
-// (netconn.go) and its statement cache (stmtcache.go) forward database/sql's
-// queries to lib/pq, crdbTx.Exec runs crdb's SAVEPOINT statements, and
-// ensureTable runs the CREATE TABLE it is handed.
+// (internal/dbconn's netconn.go) and its statement cache (stmtcache.go)
+// forward database/sql's queries to lib/pq, crdbTx.Exec runs crdb's
+// SAVEPOINT statements, and ensureTable (internal/migrate's lock.go) runs
+// the CREATE TABLE it is handed.
 var forwarders = map[string]bool{
-	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "migrationlock.go:ensureTable": true,
+	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query argument.

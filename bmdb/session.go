@@ -313,7 +313,7 @@ func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
 		return err
 	}
 	left := time.Until(*s.localDeadline.Load())
-	maxIdle := min(left, s.conn.settings.idleInTransaction)
+	maxIdle := min(left, s.conn.settings.IdleInTransaction)
 	_, err := tx.q.SessionCheckBeforeCommit(ctx, store.SessionCheckBeforeCommitParams{
 		SessionID: s.id, MaxIdleMs: max(maxIdle.Milliseconds(), 1),
 	})

@@ -354,16 +354,3 @@ func retryDelay(attempt int) time.Duration {
 	}
 	return d/2 + rand.N(d/2+1)
 }
-
-// contextError adds ctx's cause to err when ctx is done, so that a query
-// aborted by cancellation reads and matches (errors.Is) as what it is.
-func contextError(ctx context.Context, err error) error {
-	if err == nil || ctx.Err() == nil {
-		return err
-	}
-	cause := context.Cause(ctx)
-	if errors.Is(err, cause) {
-		return err
-	}
-	return fmt.Errorf("%w: %w", cause, err)
-}

@@ -1,0 +1,162 @@
+package dbconn
+
+import (
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+)
+
+// Faults injects, in cockroach mode (package crdbmode), the errors
+// CockroachDB returns where PostgreSQL would not: a serialization failure
+// (40001) on any statement of a transaction and at RELEASE SAVEPOINT, and
+// at the commit point a 40003 (statement completion unknown) or a lost
+// connection, after the commit took effect or before. A nil *Faults
+// injects nothing. Safe for concurrent use, except Hook.
+type Faults struct {
+	retryRate, ambiguousRate float64
+
+	mu  sync.Mutex
+	rng *rand.Rand
+
+	// off, when set (tests that count retries), stops injecting.
+	off atomic.Bool
+	// nextCommit, when not CommitAsIs (tests), is the fate of the next
+	// COMMIT.
+	nextCommit atomic.Int32
+
+	// hook, if set (tests), runs before every statement inside a
+	// transaction; a non-nil error fails the statement unsent.
+	hook func(query string) error
+}
+
+// NewFaults returns the injector for s, or nil when s injects nothing.
+func NewFaults(s crdbmode.Settings) *Faults {
+	if !s.Enabled {
+		return nil
+	}
+	seed := s.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	return &Faults{retryRate: s.RetryRate, ambiguousRate: s.AmbiguousRate, rng: rand.New(rand.NewPCG(seed, 0xb3db))}
+}
+
+func (f *Faults) roll(p float64) bool {
+	if p <= 0 || f.off.Load() {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.rng.Float64() < p
+}
+
+// Off stops f injecting anything (tests that count retries).
+func (f *Faults) Off() { f.off.Store(true) }
+
+// NextCommit sets the fate of the next COMMIT (tests).
+func (f *Faults) NextCommit(fate CommitFate) { f.nextCommit.Store(int32(fate)) }
+
+// Hook sets a function run before every statement inside a transaction; a
+// non-nil error fails the statement unsent (tests). Set it before the
+// Connection is used: it is not synchronised.
+func (f *Faults) Hook(fn func(query string) error) { f.hook = fn }
+
+// Statements crdb.ExecuteInTx runs around a transaction's callback.
+const (
+	sqlSavepoint = "SAVEPOINT cockroach_restart"
+	// SQLRelease is CockroachDB's commit point in crdb.ExecuteInTx.
+	SQLRelease = "RELEASE SAVEPOINT cockroach_restart"
+	sqlRestart = "ROLLBACK TO SAVEPOINT cockroach_restart"
+)
+
+// statement returns the error to inject instead of running query on c, or
+// nil to run it. Only statements inside transactions fail, and never
+// crdb's SAVEPOINT or ROLLBACK TO SAVEPOINT.
+func (f *Faults) statement(c *conn, query string) error {
+	if f == nil || !c.inTx {
+		return nil
+	}
+	if f.hook != nil {
+		if err := f.hook(query); err != nil {
+			return err
+		}
+	}
+	q := strings.TrimSpace(query)
+	if q == sqlSavepoint || q == sqlRestart {
+		return nil
+	}
+	if q == SQLRelease && f.roll(f.ambiguousRate/2) {
+		// The commit point on CockroachDB; not sent, so nothing committed.
+		crdbmode.InjectedAmbiguous.Add(1)
+		return injected(CodeStatementCompletionUnknown, "result is ambiguous (injected at RELEASE, not committed)")
+	}
+	if f.roll(f.retryRate) {
+		crdbmode.InjectedRetryable.Add(1)
+		return injected(CodeSerializationFailure, "restart transaction: TransactionRetryWithProtoRefreshError (injected)")
+	}
+	return nil
+}
+
+// errInjectedConnLoss is the cause of a connection cut by the injector.
+var errInjectedConnLoss = errors.New("bmdb: connection lost (injected at COMMIT)")
+
+// CommitFate is what the injector does with a COMMIT (Faults.NextCommit).
+type CommitFate int32
+
+// Fates of a COMMIT.
+const (
+	CommitAsIs        CommitFate = iota // commit, report the outcome
+	CommitThen40003                     // commit, report 40003
+	RollbackThen40003                   // roll back, report 40003
+	CommitThenLost                      // commit, cut the connection
+	RollbackThenLost                    // cut the connection uncommitted
+)
+
+// commit decides whether t's COMMIT on c fails. If handled, err is the
+// commit's result and t has ended: either committed or rolled back, and
+// the caller cannot tell which.
+func (f *Faults) commit(c *conn, t driver.Tx) (handled bool, err error) {
+	if f == nil {
+		return false, nil
+	}
+	var committed, lost bool
+	switch fate := CommitFate(f.nextCommit.Swap(int32(CommitAsIs))); {
+	case fate != CommitAsIs:
+		committed = fate == CommitThen40003 || fate == CommitThenLost
+		lost = fate == CommitThenLost || fate == RollbackThenLost
+	case !f.roll(f.ambiguousRate):
+		return false, nil
+	default:
+		f.mu.Lock()
+		committed, lost = f.rng.IntN(2) == 0, f.rng.IntN(2) == 0
+		f.mu.Unlock()
+	}
+	if committed {
+		if err := t.Commit(); err != nil {
+			return true, c.err(err)
+		}
+	} else if !lost {
+		_ = t.Rollback()
+	}
+	if lost {
+		crdbmode.InjectedConnLoss.Add(1)
+		c.nc.cut(errInjectedConnLoss)
+		return true, &AbandonedError{Cause: errInjectedConnLoss, Err: io.ErrUnexpectedEOF}
+	}
+	crdbmode.InjectedAmbiguous.Add(1)
+	return true, injected(CodeStatementCompletionUnknown, fmt.Sprintf("result is ambiguous (injected at COMMIT, committed: %v)", committed))
+}
+
+func injected(code, msg string) error {
+	return &pq.Error{Severity: "ERROR", Code: pqerror.Code(code), Message: msg}
+}
