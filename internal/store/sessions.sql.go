@@ -99,7 +99,7 @@ func (q *Queries) SessionDeleteMany(ctx context.Context, sessionIds []uuid.UUID)
 const sessionLockExpired = `-- name: SessionLockExpired :many
 SELECT session_id FROM sessions
 WHERE deadline < statement_timestamp() - $1::FLOAT8 * INTERVAL '1 second'
-ORDER BY session_id
+ORDER BY deadline, session_id
 LIMIT $2
 FOR UPDATE
 `
@@ -110,10 +110,17 @@ type SessionLockExpiredParams struct {
 }
 
 // SessionLockExpired locks, for deletion, the sessions whose deadline passed
-// more than grace_seconds ago, and returns their ids. GC runs it first, so
-// that it takes the session rows before their claims, in the same order as
-// every session transaction (no deadlock with a stalled one: GC waits for
-// it, bounded by lock_timeout).
+// more than grace_seconds ago, and returns their ids. It reads
+// sessions_deadline_idx from its start up to the expiry bound, oldest
+// first, so it reads (and locks) expired rows only: CockroachDB, unless
+// optimizer_use_lock_op_for_serializable is on, locks every row a FOR
+// UPDATE scan reads, and a scan in session_id order would lock live
+// sessions too and stall their heartbeats and checks. (deadline,
+// session_id) is a total order, the same in every concurrent GC, so two
+// GCs cannot deadlock. GC runs it first, so that it takes the session rows
+// before their claims, in the same order as every session transaction: a
+// stalled transaction's lock on its row (PostgreSQL) or its intents
+// (CockroachDB) make GC wait, bounded by lock_timeout.
 func (q *Queries) SessionLockExpired(ctx context.Context, arg SessionLockExpiredParams) ([]uuid.UUID, error) {
 	rows, err := q.query(ctx, q.sessionLockExpiredStmt, sessionLockExpired, arg.GraceSeconds, arg.RowLimit)
 	if err != nil {

@@ -57,13 +57,20 @@ DELETE FROM sessions WHERE session_id = sqlc.arg(session_id);
 
 -- name: SessionLockExpired :many
 -- SessionLockExpired locks, for deletion, the sessions whose deadline passed
--- more than grace_seconds ago, and returns their ids. GC runs it first, so
--- that it takes the session rows before their claims, in the same order as
--- every session transaction (no deadlock with a stalled one: GC waits for
--- it, bounded by lock_timeout).
+-- more than grace_seconds ago, and returns their ids. It reads
+-- sessions_deadline_idx from its start up to the expiry bound, oldest
+-- first, so it reads (and locks) expired rows only: CockroachDB, unless
+-- optimizer_use_lock_op_for_serializable is on, locks every row a FOR
+-- UPDATE scan reads, and a scan in session_id order would lock live
+-- sessions too and stall their heartbeats and checks. (deadline,
+-- session_id) is a total order, the same in every concurrent GC, so two
+-- GCs cannot deadlock. GC runs it first, so that it takes the session rows
+-- before their claims, in the same order as every session transaction: a
+-- stalled transaction's lock on its row (PostgreSQL) or its intents
+-- (CockroachDB) make GC wait, bounded by lock_timeout.
 SELECT session_id FROM sessions
 WHERE deadline < statement_timestamp() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second'
-ORDER BY session_id
+ORDER BY deadline, session_id
 LIMIT sqlc.arg(row_limit)
 FOR UPDATE;
 
