@@ -123,8 +123,8 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	settings := poolSettings(cfg)
 	mode := cfg.mode()
+	settings := poolSettings(cfg, mode.Enabled)
 	connector, err := newConnector(cfg.DSN, cfg.NetworkTimeout, settings, dbconn.NewFaults(mode))
 	if err != nil {
 		return nil, err
@@ -152,13 +152,16 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	return c, nil
 }
 
-// poolSettings are the server-side bounds of a Connection's pool.
-func poolSettings(cfg Config) connSettings {
+// poolSettings are the server-side bounds of a Connection's pool, and on
+// CockroachDB (or in cockroach mode) the settings it pins.
+func poolSettings(cfg Config, cockroachMode bool) connSettings {
 	return connSettings{
 		LockTimeout:       max(cfg.SessionInterval/4, 10*time.Millisecond),
 		IdleInTransaction: cfg.SessionInterval,
 		ConnectionCheck:   max(cfg.SessionInterval/4, 100*time.Millisecond),
 		StmtCacheSize:     max(cfg.StatementCacheSize, 0),
+		PinCockroach:      true,
+		EmulatedCockroach: cockroachMode,
 	}
 }
 

@@ -48,6 +48,12 @@ type Settings struct {
 	// StmtCacheSize is how many statements with parameters each connection
 	// keeps prepared (stmtcache.go); 0: none.
 	StmtCacheSize int
+	// PinCockroach pins, on CockroachDB, the session settings bmdb relies
+	// on (pins.go).
+	PinCockroach bool
+	// EmulatedCockroach is cockroach mode: on a PostgreSQL server the pins
+	// are set as crdb.<name> placeholders, which PostgreSQL keeps.
+	EmulatedCockroach bool
 }
 
 // ErrMalformedDSN is wrapped by NewConnector's errors: the DSN does not
@@ -66,6 +72,7 @@ type Connector struct {
 	// driver uses context.Background()).
 	base   context.Context
 	faults *Faults // nil: none
+	pins   pinState
 }
 
 // NewConnector parses dsn for a pool whose connections are bounded as
@@ -171,7 +178,7 @@ func (c *Connector) apply(ctx context.Context, pc pqConn) error {
 			return fmt.Errorf("bmdb: setting client_connection_check_interval: %w", err)
 		}
 	}
-	return nil
+	return c.pin(ctx, pc)
 }
 
 // settingValue renders d as a time setting both engines parse ("0" leaves
