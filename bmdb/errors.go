@@ -61,6 +61,14 @@ var (
 	// COMMIT); it is wrapped by *RetriesExhaustedError.
 	ErrRetriesExhausted = errors.New("bmdb: transaction retries exhausted")
 
+	// ErrTransactionTooLong means a transaction attempt on CockroachDB ran
+	// longer than Config.MaxTransactionDuration before its commit: it was
+	// rolled back, nothing of it committed, and it was not retried, since
+	// an attempt as long would fail its read refresh again (see
+	// Config.MaxTransactionDuration). Shorten the callback: retrieve fewer
+	// candidates, do slow work outside the transaction.
+	ErrTransactionTooLong = errors.New("bmdb: transaction ran longer than Config.MaxTransactionDuration")
+
 	// ErrAmbiguousCommit means the connection failed while COMMIT was in
 	// flight: the transaction may or may not have committed. bmdb does not
 	// retry it. For a Work, the claim tells: a later Cancel either succeeds

@@ -270,7 +270,11 @@ func (c *Connection) attemptCockroach(ctx context.Context, a *attempts, fn func(
 		a.n++
 		c.countAttempt()
 		adapter.releaseFailed = false
+		tooLong := c.attemptDeadline()
 		err := fn(c.newTx(tx))
+		if err == nil {
+			err = tooLong()
+		}
 		if isRetryable(err) {
 			adapter.failure = err
 		}

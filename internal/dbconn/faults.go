@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
@@ -24,9 +25,13 @@ import (
 // injects nothing. Safe for concurrent use, except Hook.
 type Faults struct {
 	retryRate, ambiguousRate float64
+	closedTS                 time.Duration // 0: no refresh failures
 
 	mu  sync.Mutex
 	rng *rand.Rand
+	// poked is when a heartbeat last wrote each session's row, by id
+	// (under mu).
+	poked map[string]time.Time
 
 	// off, when set (tests that count retries), stops injecting.
 	off atomic.Bool
@@ -48,7 +53,10 @@ func NewFaults(s crdbmode.Settings) *Faults {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	return &Faults{retryRate: s.RetryRate, ambiguousRate: s.AmbiguousRate, rng: rand.New(rand.NewPCG(seed, 0xb3db))}
+	return &Faults{
+		retryRate: s.RetryRate, ambiguousRate: s.AmbiguousRate, closedTS: s.ClosedTimestampTarget(),
+		rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string]time.Time{},
+	}
 }
 
 func (f *Faults) roll(p float64) bool {
@@ -79,10 +87,25 @@ const (
 	sqlRestart = "ROLLBACK TO SAVEPOINT cockroach_restart"
 )
 
+// Statements whose session id argument the refresh emulation follows:
+// sqlc's name comment starts each.
+const (
+	sessionReadPrefix  = "-- name: SessionCheck"  // SessionCheck, SessionCheckBeforeCommit
+	sessionWritePrefix = "-- name: SessionPoke :" // the heartbeat
+)
+
+// begin notes the start of a transaction on c: its read timestamp, on
+// CockroachDB.
+func (f *Faults) begin(c *conn) {
+	if f != nil {
+		c.txStart, c.txReads = time.Now(), nil
+	}
+}
+
 // statement returns the error to inject instead of running query on c, or
 // nil to run it. Only statements inside transactions fail, and never
 // crdb's SAVEPOINT or ROLLBACK TO SAVEPOINT.
-func (f *Faults) statement(c *conn, query string) error {
+func (f *Faults) statement(c *conn, query string, args []driver.NamedValue) error {
 	if f == nil || !c.inTx {
 		return nil
 	}
@@ -92,8 +115,24 @@ func (f *Faults) statement(c *conn, query string) error {
 		}
 	}
 	q := strings.TrimSpace(query)
-	if q == sqlSavepoint || q == sqlRestart {
+	switch {
+	case q == sqlRestart: // a new epoch reads at a new timestamp
+		f.begin(c)
 		return nil
+	case q == sqlSavepoint:
+		return nil
+	case strings.HasPrefix(q, sessionReadPrefix):
+		c.txReads = append(c.txReads, stringArgs(args)...)
+	case strings.HasPrefix(q, sessionWritePrefix):
+		f.mu.Lock()
+		for _, id := range stringArgs(args) {
+			f.poked[id] = time.Now()
+		}
+		f.mu.Unlock()
+	case q == SQLRelease:
+		if err := f.refresh(c); err != nil {
+			return err
+		}
 	}
 	if q == SQLRelease && f.roll(f.ambiguousRate/2) {
 		// The commit point on CockroachDB; not sent, so nothing committed.
@@ -105,6 +144,42 @@ func (f *Faults) statement(c *conn, query string) error {
 		return injected(CodeSerializationFailure, "restart transaction: TransactionRetryWithProtoRefreshError (injected)")
 	}
 	return nil
+}
+
+// refresh emulates CockroachDB's read refresh at the commit point of c's
+// transaction: one that began longer than the closed timestamp ago has its
+// commit timestamp pushed to the present, and must show that nothing it
+// read was written since it began. If a heartbeat rewrote a session row it
+// read, the refresh fails: 40001, on every attempt that lasts as long.
+func (f *Faults) refresh(c *conn) error {
+	if f.closedTS <= 0 || time.Since(c.txStart) <= f.closedTS {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, id := range c.txReads {
+		if f.poked[id].After(c.txStart) {
+			crdbmode.InjectedRefresh.Add(1)
+			return injected(CodeSerializationFailure, fmt.Sprintf(
+				"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: transaction older than the closed timestamp, %v)", id, f.closedTS))
+		}
+	}
+	return nil
+}
+
+// stringArgs returns the text arguments of a statement (uuid.UUID arrives
+// as text).
+func stringArgs(args []driver.NamedValue) []string {
+	var out []string
+	for _, a := range args {
+		switch v := a.Value.(type) {
+		case string:
+			out = append(out, v)
+		case []byte:
+			out = append(out, string(v))
+		}
+	}
+	return out
 }
 
 // errInjectedConnLoss is the cause of a connection cut by the injector.

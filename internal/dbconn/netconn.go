@@ -356,6 +356,10 @@ type conn struct {
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
 	inTx bool
+	// txStart and txReads are the faults' record of the transaction: when
+	// it (or its last restart) began, and the session rows it read.
+	txStart time.Time
+	txReads []string
 }
 
 var (
@@ -417,12 +421,13 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, c.err(err)
 	}
 	c.inTx = true
+	c.faults.begin(c)
 	return &tx{c: c, pq: t, stop: stop}, nil
 }
 
 // ExecContext implements driver.ExecerContext.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if err := c.faults.statement(c, query); err != nil {
+	if err := c.faults.statement(c, query, args); err != nil {
 		return nil, err
 	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
@@ -437,7 +442,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext implements driver.QueryerContext. ctx bounds the call and
 // the reading of its rows.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if err := c.faults.statement(c, query); err != nil {
+	if err := c.faults.statement(c, query, args); err != nil {
 		return nil, err
 	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
@@ -540,7 +545,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext implements driver.StmtExecContext.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if err := s.c.faults.statement(s.c, s.query); err != nil {
+	if err := s.c.faults.statement(s.c, s.query, args); err != nil {
 		return nil, err
 	}
 	stop := s.c.nc.watch(ctx)
@@ -551,7 +556,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext implements driver.StmtQueryContext.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if err := s.c.faults.statement(s.c, s.query); err != nil {
+	if err := s.c.faults.statement(s.c, s.query, args); err != nil {
 		return nil, err
 	}
 	stop := s.c.nc.watch(ctx)
