@@ -299,10 +299,12 @@ func packageConsts(files []*ast.File) map[string]bool {
 // than build one, each called only with constant text: the driver wrapper
 // (internal/dbconn's netconn.go) and its statement cache (stmtcache.go)
 // forward database/sql's queries to lib/pq, crdbTx.Exec runs crdb's
-// SAVEPOINT statements, and ensureTable (internal/migrate's lock.go) runs
-// the CREATE TABLE it is handed.
+// SAVEPOINT statements, ensureTable (internal/migrate's lock.go) runs
+// the CREATE TABLE it is handed, and querySetting (internal/dbconn's
+// pins.go) the settings statement it is handed; execSplit (faults.go)
+// runs the statements of a migration file.
 var forwarders = map[string]bool{
-	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true,
+	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "faults.go:execSplit": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query argument.

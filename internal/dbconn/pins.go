@@ -43,6 +43,8 @@ const emulatedPrefix = "crdb."
 const (
 	readSettingSQL = "SELECT current_setting($1)"
 	pinSettingSQL  = "SELECT set_config($1, $2, false)"
+	// Both of cockroachPins at once.
+	pinTwoSettingsSQL = "SELECT set_config($1, $2, false) || set_config($3, $4, false)"
 )
 
 // Engines as the connector knows them (Connector.engine).
@@ -55,12 +57,15 @@ const (
 // pinState is a Connector's memory of its pins.
 type pinState struct {
 	engine atomic.Int32 // engineUnknown until the first connection
-	logged sync.Once
+
+	mu      sync.Mutex
+	present []pin // the pins this server has; nil until the first pinned connection
 }
 
 // pin applies cockroachPins to a new connection if the pool asks for them
-// and the server is CockroachDB (or cockroach mode emulates it), and logs
-// them once per Connector.
+// and the server is CockroachDB (or cockroach mode emulates it). The first
+// connection reads each setting before pinning it, learns which the server
+// has, and logs what it pinned; later ones pin them in one round trip.
 func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 	if !c.settings.PinCockroach {
 		return nil
@@ -73,8 +78,15 @@ func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 	if !cockroach {
 		prefix = emulatedPrefix
 	}
+	c.pins.mu.Lock()
+	present := c.pins.present
+	c.pins.mu.Unlock()
+	if present != nil {
+		return pinAll(pc, prefix, present)
+	}
 	var report []string
 	changed := false
+	present = []pin{}
 	for _, p := range cockroachPins {
 		name := prefix + p.name
 		was, err := querySetting(pc, readSettingSQL, name)
@@ -91,10 +103,15 @@ func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 		if _, err := querySetting(pc, pinSettingSQL, name, p.value); err != nil {
 			return fmt.Errorf("bmdb: pinning %s = %s: %w", name, p.value, err)
 		}
+		present = append(present, p)
 		report = append(report, fmt.Sprintf("%s = %s (was %s: %s)", name, p.value, was, p.why))
 		changed = changed || was != p.value && was != "unset"
 	}
-	c.pins.logged.Do(func() {
+	c.pins.mu.Lock()
+	first := c.pins.present == nil
+	c.pins.present = present
+	c.pins.mu.Unlock()
+	if first {
 		// Info when the server's default differed: an operator's choice
 		// that bmdb overrides.
 		if changed {
@@ -102,7 +119,24 @@ func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 		} else {
 			klog.V(1).Infof("bmdb: pinned on every CockroachDB connection: %s", strings.Join(report, "; "))
 		}
-	})
+	}
+	return nil
+}
+
+// pinAll sets every pin the server has, in one round trip.
+func pinAll(pc pqConn, prefix string, pins []pin) error {
+	if len(pins) == 2 {
+		_, err := querySetting(pc, pinTwoSettingsSQL, prefix+pins[0].name, pins[0].value, prefix+pins[1].name, pins[1].value)
+		if err != nil {
+			return fmt.Errorf("bmdb: pinning CockroachDB settings: %w", err)
+		}
+		return nil
+	}
+	for _, p := range pins {
+		if _, err := querySetting(pc, pinSettingSQL, prefix+p.name, p.value); err != nil {
+			return fmt.Errorf("bmdb: pinning %s%s = %s: %w", prefix, p.name, p.value, err)
+		}
+	}
 	return nil
 }
 
