@@ -34,7 +34,7 @@ func migrateOnOpen(ctx context.Context, c *Connection, apply bool) error {
 	if c.cfg.RuntimeInfo != "" {
 		info += " (" + c.cfg.RuntimeInfo + ")"
 	}
-	t := migrate.Target{DSN: c.cfg.DSN, NetworkTimeout: c.cfg.NetworkTimeout, CockroachMode: c.cfg.mode().Enabled}
+	t := migrate.Target{DSN: c.cfg.DSN, NetworkTimeout: c.cfg.NetworkTimeout, Mode: migrationMode(c.cfg.mode())}
 	return migrate.OnOpen(ctx, c.db, t, truncateCause(info), apply, srcs)
 }
 
@@ -44,7 +44,12 @@ func adminTarget(dsn string) (migrate.Target, error) {
 	if dsn == "" {
 		return migrate.Target{}, invalidArgument("DSN is empty")
 	}
-	return migrate.Target{DSN: dsn, NetworkTimeout: 2 * SessionIntervalDefault, CockroachMode: crdbmode.Get().Enabled}, nil
+	return migrate.Target{DSN: dsn, NetworkTimeout: 2 * SessionIntervalDefault, Mode: migrationMode(crdbmode.Get())}, nil
+}
+
+// migrationMode is the part of cockroach mode that applies to migrating.
+func migrationMode(s crdbmode.Settings) crdbmode.Settings {
+	return crdbmode.Settings{Enabled: s.Enabled, Seed: s.Seed, MigrationFailAfter: s.MigrationFailAfter}
 }
 
 // adminError makes a malformed DSN an invalid argument.

@@ -147,6 +147,8 @@ var (
 	InjectedAmbiguous atomic.Int64 // 40003 at the commit point
 	InjectedConnLoss  atomic.Int64 // connection lost at the commit point
 	InjectedRefresh   atomic.Int64 // 40001 at RELEASE: read refresh failed
+
+	InjectedMigrationFailures atomic.Int64 // a migration file stopped half-way
 )
 
 // Report returns the counts as one line.

@@ -1,15 +1,18 @@
 package dbconn
 
 import (
+	"context"
 	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
@@ -42,7 +45,111 @@ type Faults struct {
 	// hook, if set (tests), runs before every statement inside a
 	// transaction; a non-nil error fails the statement unsent.
 	hook func(query string) error
+
+	// split runs a multi-statement Exec outside a transaction one
+	// statement at a time, as CockroachDB 25.x applies a migration file
+	// (autocommit_before_ddl); failAfter, when positive, fails the next
+	// such Exec after that many statements, once.
+	split     bool
+	failAfter atomic.Int32
 }
+
+// NewMigrationFaults returns the injector of a migration pool in
+// cockroach mode (nil when s is off): no injected errors in transactions,
+// but migration files applied one statement at a time, and failing
+// between two when s.MigrationFailAfter asks for it.
+func NewMigrationFaults(s crdbmode.Settings) *Faults {
+	if !s.Enabled {
+		return nil
+	}
+	f := &Faults{rng: rand.New(rand.NewPCG(s.Seed, 0xb3db)), poked: map[string]time.Time{}, split: true}
+	f.failAfter.Store(int32(s.MigrationFailAfter))
+	return f
+}
+
+// splits reports whether f runs multi-statement Execs one statement at a
+// time.
+func (f *Faults) splits() bool { return f != nil && f.split }
+
+// execSplit runs the statements of query one by one, each committed on
+// its own (outside a transaction), and fails between two of them if
+// failAfter says so. A query of one statement runs as it is.
+func (c *conn) execSplit(ctx context.Context, query string) (driver.Result, error) {
+	stmts := splitStatements(query)
+	for i, st := range stmts {
+		if n := c.faults.failAfter.Load(); len(stmts) > 1 && int(n) == i && n > 0 && c.faults.failAfter.CompareAndSwap(n, 0) {
+			crdbmode.InjectedMigrationFailures.Add(1)
+			return nil, injected(codeSchemaChangeAborted, fmt.Sprintf(
+				"migration stopped after %d of its %d statements, which stay applied (injected)", i, len(stmts)))
+		}
+		stop := c.nc.watch(ctx)
+		_, err := c.pq.ExecContext(never, st, nil)
+		stop()
+		if err != nil {
+			return nil, c.err(err)
+		}
+	}
+	return driver.RowsAffected(0), nil
+}
+
+// codeSchemaChangeAborted is CockroachDB's "transaction committed but
+// schema change aborted" (XXA00).
+const codeSchemaChangeAborted = "XXA00"
+
+// splitStatements splits a script at the semicolons that end its
+// statements, not those inside comments, quotes or dollar quotes, and
+// drops what holds no statement (whitespace and comments only).
+func splitStatements(script string) []string {
+	var stmts []string
+	start, code := 0, false // code: the current piece has more than comments
+	flush := func(end int) {
+		if code {
+			stmts = append(stmts, strings.TrimSpace(script[start:end]))
+		}
+		start, code = end+1, false
+	}
+	for i := 0; i < len(script); i++ {
+		switch ch := script[i]; {
+		case strings.HasPrefix(script[i:], "--"):
+			if j := strings.IndexByte(script[i:], '\n'); j >= 0 {
+				i += j
+			} else {
+				i = len(script)
+			}
+		case strings.HasPrefix(script[i:], "/*"):
+			if j := strings.Index(script[i+2:], "*/"); j >= 0 {
+				i += j + 3
+			} else {
+				i = len(script)
+			}
+		case ch == '\'' || ch == '"':
+			code = true
+			if j := strings.IndexByte(script[i+1:], ch); j >= 0 {
+				i += j + 1 // a doubled quote reads as two quoted pieces
+			} else {
+				i = len(script)
+			}
+		case ch == '$':
+			code = true
+			if tag := dollarTag.FindString(script[i:]); tag != "" {
+				if j := strings.Index(script[i+len(tag):], tag); j >= 0 {
+					i += len(tag) + j + len(tag) - 1
+				} else {
+					i = len(script)
+				}
+			}
+		case ch == ';':
+			flush(i)
+		case !unicode.IsSpace(rune(ch)):
+			code = true
+		}
+	}
+	flush(len(script))
+	return stmts
+}
+
+// dollarTag matches the opening of a dollar-quoted string: $$ or $tag$.
+var dollarTag = regexp.MustCompile(`^\$[A-Za-z_]*\$`)
 
 // NewFaults returns the injector for s, or nil when s injects nothing.
 func NewFaults(s crdbmode.Settings) *Faults {

@@ -430,6 +430,9 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if err := c.faults.statement(c, query, args); err != nil {
 		return nil, err
 	}
+	if c.faults.splits() && !c.inTx && len(args) == 0 {
+		return c.execSplit(ctx, query)
+	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
 		return c.execCached(ctx, query, args)
 	}

@@ -29,6 +29,9 @@ func (e *SchemaVersionError) Error() string {
 	if e.Schema != "" && e.Schema != BmdbSourceName {
 		what += " (application " + e.Schema + ")"
 	}
+	if e.Dirty && e.Reason != "" {
+		return fmt.Sprintf("%s: version %d is marked dirty (a migration failed half-way): %s", what, e.Database, e.Reason)
+	}
 	if e.Dirty {
 		return fmt.Sprintf("%s: version %d is marked dirty (a migration failed half-way); repair it and force the version with golang-migrate", what, e.Database)
 	}

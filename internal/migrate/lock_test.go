@@ -14,6 +14,7 @@ import (
 
 	_ "github.com/lib/pq"
 
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
@@ -82,7 +83,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	target := Target{DSN: dsn, NetworkTimeout: 5 * time.Second, CockroachMode: true}
+	target := Target{DSN: dsn, NetworkTimeout: 5 * time.Second, Mode: crdbmode.Settings{Enabled: true}}
 	lock, err := ReadLock(context.Background(), target)
 	if err != nil || lock == nil || !lock.Live {
 		t.Fatalf("ReadLock after the kill = %+v, %v; want the dead migrator's live lease", lock, err)

@@ -10,8 +10,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
+	"strings"
 	"time"
 
 	gomigrate "github.com/golang-migrate/migrate/v4"
@@ -23,6 +25,7 @@ import (
 	"github.com/lib/pq"
 	"k8s.io/klog/v2"
 
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/store"
 	"github.com/bmdb-dev/bmdb/migrations"
@@ -198,9 +201,10 @@ type Target struct {
 	DSN string
 	// NetworkTimeout bounds connecting when the ctx has no deadline.
 	NetworkTimeout time.Duration
-	// CockroachMode takes CockroachDB's paths on PostgreSQL (package
-	// crdbmode): golang-migrate's cockroachdb driver.
-	CockroachMode bool
+	// Mode, when enabled, takes CockroachDB's paths on PostgreSQL (package
+	// crdbmode): golang-migrate's cockroachdb driver, and files applied one
+	// statement at a time as CockroachDB does.
+	Mode crdbmode.Settings
 }
 
 // OnOpen brings every source in srcs to its version (apply), or checks
@@ -250,7 +254,7 @@ type migrationPool struct {
 // withMigrationPool opens a migration pool on t within ctx, detects the
 // engine (cockroach mode counts as CockroachDB) and runs fn.
 func withMigrationPool(ctx context.Context, t Target, fn func(*migrationPool) error) error {
-	conn, err := dbconn.NewConnector(t.DSN, t.NetworkTimeout, dbconn.Settings{}, nil)
+	conn, err := dbconn.NewConnector(t.DSN, t.NetworkTimeout, dbconn.Settings{}, dbconn.NewMigrationFaults(t.Mode))
 	if err != nil {
 		return err
 	}
@@ -264,7 +268,7 @@ func withMigrationPool(ctx context.Context, t Target, fn func(*migrationPool) er
 	if err != nil {
 		return err
 	}
-	return fn(&migrationPool{db: db, dsn: t.DSN, cockroach: cockroach || t.CockroachMode, conn: conn})
+	return fn(&migrationPool{db: db, dsn: t.DSN, cockroach: cockroach || t.Mode.Enabled, conn: conn})
 }
 
 // locked runs fn holding the migration lock.
@@ -374,7 +378,7 @@ func (mp *migrationPool) up(ctx context.Context, src *Source) error {
 	}
 	switch {
 	case v.Dirty:
-		return src.versionError(v)
+		return mp.recoverDirty(ctx, src, v)
 	case v.Version > src.Latest:
 		return checkNewerSchema(ctx, mp.db, src, v.Version)
 	case v.Version == src.Latest:
@@ -382,6 +386,72 @@ func (mp *migrationPool) up(ctx context.Context, src *Source) error {
 	}
 	klog.Infof("bmdb: migrating %s from version %d to %d", src.Name, v.Version, src.Latest)
 	return mp.run(ctx, src, (*gomigrate.Migrate).Up)
+}
+
+// rerunnableMarker, on a line of its own in an up file, says that every
+// statement of the file is safe to run again from any partial state
+// (package migrations).
+const rerunnableMarker = "-- bmdb:rerunnable"
+
+// recoverDirty migrates src up from v, a dirty version (a migration failed
+// half-way, or a migrator died in it), under the lock: if v's up file is
+// marked rerunnableMarker it forces the previous version and runs the file
+// again, then the rest; otherwise it refuses, saying what to repair.
+func (mp *migrationPool) recoverDirty(ctx context.Context, src *Source, v Version) error {
+	if v.Version > src.Latest {
+		return src.versionError(v)
+	}
+	files, err := iofs.New(src.FS, ".")
+	if err != nil {
+		return fmt.Errorf("bmdb: reading the migrations of %s: %w", src.Name, err)
+	}
+	defer files.Close()
+	rerunnable, name, err := readRerunnable(files, v.Version)
+	if err != nil {
+		return fmt.Errorf("bmdb: reading migration %d of %s: %w", v.Version, src.Name, err)
+	}
+	prev := -1 // golang-migrate's "no version"
+	if p, err := files.Prev(v.Version); err == nil {
+		prev = int(p)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("bmdb: reading the migrations of %s: %w", src.Name, err)
+	}
+	if !rerunnable {
+		verr := src.versionError(v).(*SchemaVersionError)
+		verr.Reason = fmt.Sprintf("its file %s is not marked %q, so it may have been applied in part: "+
+			"make the schema match version %d (drop what the file created) or %d (finish it), then force that version with golang-migrate",
+			name, rerunnableMarker, max(prev, 0), v.Version)
+		return verr
+	}
+	klog.Warningf("bmdb: %s schema version %d is dirty (a migration failed half-way); %s is safe to run again: forcing version %d and migrating up",
+		src.Name, v.Version, name, max(prev, 0))
+	return mp.run(ctx, src, func(m *gomigrate.Migrate) error {
+		if err := m.Force(prev); err != nil {
+			return err
+		}
+		return m.Up()
+	})
+}
+
+// readRerunnable reports whether version's up file in files carries
+// rerunnableMarker, and names the file.
+func readRerunnable(files source.Driver, version uint) (bool, string, error) {
+	r, name, err := files.ReadUp(version)
+	if err != nil {
+		return false, "", err
+	}
+	defer r.Close()
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return false, "", err
+	}
+	name = fmt.Sprintf("%06d_%s.up.sql", version, name)
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(strings.TrimSpace(line), rerunnableMarker) {
+			return true, name, nil
+		}
+	}
+	return false, name, nil
 }
 
 // migrateLogger sends golang-migrate's log to klog.
