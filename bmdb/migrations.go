@@ -34,7 +34,7 @@ func migrateOnOpen(ctx context.Context, c *Connection, apply bool) error {
 	if c.cfg.RuntimeInfo != "" {
 		info += " (" + c.cfg.RuntimeInfo + ")"
 	}
-	t := migrate.Target{DSN: c.cfg.DSN, NetworkTimeout: c.cfg.NetworkTimeout, Mode: migrationMode(c.cfg.mode())}
+	t := migrate.Target{DSN: c.cfg.DSN, NetworkTimeout: c.cfg.NetworkTimeout, Mode: migrationMode(c.cfg.mode()), Cockroach: !c.onPostgres}
 	return migrate.OnOpen(ctx, c.db, t, truncateCause(info), apply, srcs)
 }
 

@@ -205,6 +205,10 @@ type Target struct {
 	// crdbmode): golang-migrate's cockroachdb driver, and files applied one
 	// statement at a time as CockroachDB does.
 	Mode crdbmode.Settings
+	// Cockroach says that the server is CockroachDB (OnOpen's caller has
+	// detected it; the other entries detect it themselves): then the
+	// steps of that engine (cockroach.go) follow bmdb's migrations.
+	Cockroach bool
 }
 
 // OnOpen brings every source in srcs to its version (apply), or checks
@@ -225,7 +229,14 @@ func OnOpen(ctx context.Context, db *sql.DB, t Target, info string, apply bool, 
 			behind = append(behind, src)
 		}
 	}
-	if len(behind) == 0 {
+	stepPending := false
+	if apply && t.Cockroach {
+		var err error
+		if stepPending, err = cockroachStepPending(ctx, db); err != nil {
+			return err
+		}
+	}
+	if len(behind) == 0 && !stepPending {
 		return nil
 	}
 	return withMigrationPool(ctx, t, func(mp *migrationPool) error {
@@ -235,7 +246,7 @@ func OnOpen(ctx context.Context, db *sql.DB, t Target, info string, apply bool, 
 					return err
 				}
 			}
-			return nil
+			return mp.applySteps(ctx)
 		})
 	})
 }
@@ -248,7 +259,10 @@ type migrationPool struct {
 	db        *sql.DB
 	dsn       string
 	cockroach bool // CockroachDB, or cockroach mode
-	conn      *dbconn.Connector
+	// realCockroach is set when the server is CockroachDB, not PostgreSQL
+	// in cockroach mode.
+	realCockroach bool
+	conn          *dbconn.Connector
 }
 
 // withMigrationPool opens a migration pool on t within ctx, detects the
@@ -268,7 +282,7 @@ func withMigrationPool(ctx context.Context, t Target, fn func(*migrationPool) er
 	if err != nil {
 		return err
 	}
-	return fn(&migrationPool{db: db, dsn: t.DSN, cockroach: cockroach || t.Mode.Enabled, conn: conn})
+	return fn(&migrationPool{db: db, dsn: t.DSN, cockroach: cockroach || t.Mode.Enabled, realCockroach: cockroach, conn: conn})
 }
 
 // locked runs fn holding the migration lock.
@@ -472,7 +486,10 @@ type Info struct {
 // *SchemaVersionError for a dirty or too new schema.
 func Up(ctx context.Context, t Target, info string) error {
 	return withLock(ctx, t, info, func(mp *migrationPool, src *Source) error {
-		return mp.up(ctx, src)
+		if err := mp.up(ctx, src); err != nil {
+			return err
+		}
+		return mp.applySteps(ctx)
 	})
 }
 
