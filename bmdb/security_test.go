@@ -302,9 +302,10 @@ func packageConsts(files []*ast.File) map[string]bool {
 // SAVEPOINT statements, ensureTable (internal/migrate's lock.go) runs
 // the CREATE TABLE it is handed, and querySetting (internal/dbconn's
 // pins.go) the settings statement it is handed; execSplit (faults.go)
-// runs the statements of a migration file.
+// runs the statements of a migration file, and waitForWriters (faults.go)
+// a probe of the session row by its parsed UUID.
 var forwarders = map[string]bool{
-	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "faults.go:execSplit": true,
+	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "faults.go:execSplit": true, "faults.go:waitForWriters": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query argument.

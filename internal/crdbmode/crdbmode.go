@@ -16,7 +16,9 @@
 // heartbeat rewrote since it began fails its read refresh (40001 at
 // RELEASE), and migrations run one statement at a time (as CockroachDB
 // 25.x applies a multi-statement file with autocommit_before_ddl), failing
-// between two statements when a test asks for it.
+// between two statements when a test asks for it; and a session check,
+// a plain read there, waits for a transaction writing the session row (a
+// heartbeat, a takeover) and times out at lock_timeout.
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
@@ -149,10 +151,11 @@ var (
 	InjectedRefresh   atomic.Int64 // 40001 at RELEASE: read refresh failed
 
 	InjectedMigrationFailures atomic.Int64 // a migration file stopped half-way
+	InjectedReadWaits         atomic.Int64 // a session check timed out waiting for a writer
 )
 
 // Report returns the counts as one line.
 func Report() string {
-	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes",
-		InjectedRetryable.Load(), InjectedAmbiguous.Load(), InjectedConnLoss.Load(), InjectedRefresh.Load())
+	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer",
+		InjectedRetryable.Load(), InjectedAmbiguous.Load(), InjectedConnLoss.Load(), InjectedRefresh.Load(), InjectedReadWaits.Load())
 }

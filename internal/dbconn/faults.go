@@ -14,6 +14,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/google/uuid"
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 
@@ -45,6 +46,10 @@ type Faults struct {
 	// hook, if set (tests), runs before every statement inside a
 	// transaction; a non-nil error fails the statement unsent.
 	hook func(query string) error
+
+	// readWaits makes the session check wait for a writer of the session
+	// row, as CockroachDB's plain read waits for an intent (waitForWriters).
+	readWaits bool
 
 	// split runs a multi-statement Exec outside a transaction one
 	// statement at a time, as CockroachDB 25.x applies a migration file
@@ -162,7 +167,7 @@ func NewFaults(s crdbmode.Settings) *Faults {
 	}
 	return &Faults{
 		retryRate: s.RetryRate, ambiguousRate: s.AmbiguousRate, closedTS: s.ClosedTimestampTarget(),
-		rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string]time.Time{},
+		rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string]time.Time{}, readWaits: true,
 	}
 }
 
@@ -197,8 +202,9 @@ const (
 // Statements whose session id argument the refresh emulation follows:
 // sqlc's name comment starts each.
 const (
-	sessionReadPrefix  = "-- name: SessionCheck"  // SessionCheck, SessionCheckBeforeCommit
-	sessionWritePrefix = "-- name: SessionPoke :" // the heartbeat
+	sessionReadPrefix  = "-- name: SessionCheck"   // SessionCheck, SessionCheckBeforeCommit
+	sessionWritePrefix = "-- name: SessionPoke :"  // the heartbeat
+	sessionCheckPrefix = "-- name: SessionCheck :" // the first check
 )
 
 // begin notes the start of a transaction on c: its read timestamp, on
@@ -212,7 +218,7 @@ func (f *Faults) begin(c *conn) {
 // statement returns the error to inject instead of running query on c, or
 // nil to run it. Only statements inside transactions fail, and never
 // crdb's SAVEPOINT or ROLLBACK TO SAVEPOINT.
-func (f *Faults) statement(c *conn, query string, args []driver.NamedValue) error {
+func (f *Faults) statement(ctx context.Context, c *conn, query string, args []driver.NamedValue) error {
 	if f == nil || !c.inTx {
 		return nil
 	}
@@ -230,6 +236,13 @@ func (f *Faults) statement(c *conn, query string, args []driver.NamedValue) erro
 		return nil
 	case strings.HasPrefix(q, sessionReadPrefix):
 		c.txReads = append(c.txReads, stringArgs(args)...)
+		if f.readWaits && strings.HasPrefix(q, sessionCheckPrefix) {
+			for _, id := range stringArgs(args) {
+				if err := c.waitForWriters(ctx, id); err != nil {
+					return err
+				}
+			}
+		}
 	case strings.HasPrefix(q, sessionWritePrefix):
 		f.mu.Lock()
 		for _, id := range stringArgs(args) {
@@ -270,6 +283,39 @@ func (f *Faults) refresh(c *conn) error {
 			return injected(CodeSerializationFailure, fmt.Sprintf(
 				"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: transaction older than the closed timestamp, %v)", id, f.closedTS))
 		}
+	}
+	return nil
+}
+
+// Reads that wait. On CockroachDB a plain read that meets another
+// transaction's uncommitted write of the row (an intent) waits for that
+// transaction, bounded by lock_timeout (then 55P03); PostgreSQL reads the
+// last committed version without waiting. The read that matters to bmdb is
+// the session check: on CockroachDB it waits for an in-flight heartbeat of
+// its session (an UPDATE of the row) and for a takeover or GC deleting it.
+// In cockroach mode the check therefore first takes a FOR SHARE lock on
+// the row inside a savepoint, which waits for any writer as CockroachDB's
+// read does and fails the same way at lock_timeout, and rolls back to the
+// savepoint, which releases the lock at once: nobody waits for the check.
+
+// waitForWriters waits, inside c's transaction, until no other transaction
+// holds a write on session id's row, bounded by lock_timeout and ctx.
+func (c *conn) waitForWriters(ctx context.Context, id string) error {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return nil // not a session id: nothing to wait for
+	}
+	// One round trip; the id is a parsed UUID, never caller text.
+	query := "SAVEPOINT bmdb_read_wait; SELECT 1 FROM sessions WHERE session_id = '" + u.String() +
+		"' FOR SHARE; ROLLBACK TO SAVEPOINT bmdb_read_wait; RELEASE SAVEPOINT bmdb_read_wait"
+	stop := c.nc.watch(ctx)
+	defer stop()
+	if _, err := c.pq.ExecContext(never, query, nil); err != nil {
+		_, _ = c.pq.ExecContext(never, "ROLLBACK TO SAVEPOINT bmdb_read_wait", nil)
+		if SQLState(err) == CodeLockNotAvailable {
+			crdbmode.InjectedReadWaits.Add(1)
+		}
+		return c.err(err)
 	}
 	return nil
 }

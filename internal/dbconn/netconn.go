@@ -427,7 +427,7 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 
 // ExecContext implements driver.ExecerContext.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if err := c.faults.statement(c, query, args); err != nil {
+	if err := c.faults.statement(ctx, c, query, args); err != nil {
 		return nil, err
 	}
 	if c.faults.splits() && !c.inTx && len(args) == 0 {
@@ -445,7 +445,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext implements driver.QueryerContext. ctx bounds the call and
 // the reading of its rows.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if err := c.faults.statement(c, query, args); err != nil {
+	if err := c.faults.statement(ctx, c, query, args); err != nil {
 		return nil, err
 	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
@@ -548,7 +548,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext implements driver.StmtExecContext.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if err := s.c.faults.statement(s.c, s.query, args); err != nil {
+	if err := s.c.faults.statement(ctx, s.c, s.query, args); err != nil {
 		return nil, err
 	}
 	stop := s.c.nc.watch(ctx)
@@ -559,7 +559,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext implements driver.StmtQueryContext.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if err := s.c.faults.statement(s.c, s.query, args); err != nil {
+	if err := s.c.faults.statement(ctx, s.c, s.query, args); err != nil {
 		return nil, err
 	}
 	stop := s.c.nc.watch(ctx)
