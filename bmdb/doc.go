@@ -24,12 +24,29 @@
 //
 // Every transaction re-checks its session. Session.Transact, Work, and the
 // Work's Finish, Cancel and Fail run in SERIALIZABLE transactions whose first
-// statement checks deadline > statement_timestamp() and locks the session
-// row FOR KEY SHARE, and whose last statement, right before COMMIT, checks
-// the local deadline and the database clock again; Finish, Cancel and Fail
-// also delete their claim only if this session still holds it. So a worker
-// that was partitioned, stalled or killed commits nothing after it lost its
-// claim.
+// statement reads the session row and checks deadline > statement_timestamp(),
+// and whose last statement, right before COMMIT, checks the local deadline
+// and the database clock again; Finish, Cancel and Fail also delete their
+// claim only if this session still holds it. A takeover or GC deletes the
+// superseded session's row, and that write orders it against every open
+// transaction of the session, by a mechanism that differs by engine:
+//
+//   - PostgreSQL: the first check locks the row FOR KEY SHARE, so the
+//     takeover's delete waits for the transaction to end (or aborts it).
+//   - CockroachDB: FOR KEY SHARE is a plain read under SERIALIZABLE (shared
+//     locking is off by default, and bmdb pins it off on every connection:
+//     on, the heartbeat's UPDATE would wait for every open transaction of
+//     its session). The delete lands above the transaction's read
+//     timestamp: the transaction either commits below it, serialized before
+//     the takeover, or is pushed above it and fails its read refresh
+//     (40001), and its retry finds no session. The heartbeat rewrites the
+//     same row, so a transaction older than the closed timestamp (3 s),
+//     whose commit is pushed, would fail its refresh on every attempt: an
+//     attempt is bounded by Config.MaxTransactionDuration
+//     (ErrTransactionTooLong).
+//
+// So a worker that was partitioned, stalled or killed commits nothing after
+// it lost its claim.
 //
 // # Stalls and partitions
 //
@@ -43,11 +60,17 @@
 // The server bounds a client that stalls or vanishes: each connection has
 // lock_timeout = SessionInterval/4 and idle_in_transaction_session_timeout
 // = SessionInterval, and the last check before COMMIT lowers the latter to
-// the lease the session has left. A takeover (or GC) deletes the superseded
-// session's row, which every transaction of that session holds with FOR
-// KEY SHARE: the takeover waits for such a transaction to end, or aborts
-// it, and is never ordered after it. What is guaranteed, with the figures
-// measured by this package's tests (1 s interval, PostgreSQL 15):
+// the lease the session has left. A takeover (or GC) is never ordered after
+// a transaction of the session it supersedes (see above): on PostgreSQL it
+// waits for it, bounded by those timeouts; on CockroachDB it does not wait
+// for its read, only for its writes (intents), and the pre-COMMIT check
+// and the lowered idle timeout bound how long the stalled transaction
+// stays open. One case is longer there: if the gateway node of a stalled
+// transaction dies, its intents stay until CockroachDB finds its
+// transaction record unheartbeated, about 5 s (kv's transaction liveness
+// threshold), so a takeover of what it wrote waits up to that long whatever
+// the interval. What is guaranteed, with the figures measured by this
+// package's tests (1 s interval, PostgreSQL 15):
 //
 //   - A worker's session context is cancelled no later than its deadline on
 //     the database clock, on a black-holed network too (measured: within
