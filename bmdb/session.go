@@ -283,8 +283,10 @@ func (s *Session) claimTransactAt(ctx context.Context, priority func() int, fn f
 	}, fn)
 }
 
-// check verifies inside tx that the session is alive on the database clock,
-// and keeps its row from being deleted (a takeover or GC) until tx ends.
+// check verifies inside tx that the session is alive on the database clock.
+// Its read of the row orders tx against a takeover or GC, which delete it:
+// on PostgreSQL it locks the row until tx ends; on CockroachDB tx commits
+// before the delete or fails its read refresh (doc.go).
 func (s *Session) check(ctx context.Context, tx *Tx) error {
 	_, err := tx.q.SessionCheck(ctx, s.id)
 	if errors.Is(err, sql.ErrNoRows) {
