@@ -12,8 +12,7 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/golang-migrate/migrate/v4"
-
+	"github.com/bmdb-dev/bmdb/internal/migrate"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
@@ -36,9 +35,9 @@ func appFS(files map[string]string) fstest.MapFS {
 }
 
 // appVersion reads an application's version table.
-func appVersion(t *testing.T, e *env, name string) schemaVersion {
+func appVersion(t *testing.T, e *env, name string) migrate.Version {
 	t.Helper()
-	v, err := readVersion(context.Background(), e.db, &schemaSource{name: name, table: name + "_schema_migrations"})
+	v, err := migrate.ReadVersion(context.Background(), e.db, &migrate.Source{Name: name, Table: name + "_schema_migrations"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +67,7 @@ func TestApplicationOnFreshDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := appVersion(t, e, "pipeline"); v.version != 2 || v.dirty {
+	if v := appVersion(t, e, "pipeline"); v.Version != 2 || v.Dirty {
 		t.Errorf("pipeline version %+v, want 2 (its latest)", v)
 	}
 	if n := e.count("SELECT count(*) FROM app_machine_stages WHERE stage = 'provided'"); n != 1 {
@@ -131,14 +130,11 @@ func TestApplicationOnTodaysDatabase(t *testing.T) {
 	e.db = openRaw(t, e.dsn)
 	e.q = model.New(e.db)
 	ctx := context.Background()
-	src, err := bmdbSource()
+	src, err := migrate.BmdbSource()
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = withMigrationPool(ctx, e.dsn, SessionIntervalDefault, false, func(mp *migrationPool) error {
-		return mp.run(ctx, src, func(m *migrate.Migrate) error { return m.Migrate(11) })
-	})
-	if err != nil {
+	if err := migrate.To(ctx, migrate.Target{DSN: e.dsn, NetworkTimeout: SessionIntervalDefault}, src, 11); err != nil {
 		t.Fatal(err)
 	}
 	e.exec(todaysExampleSchema)
@@ -156,7 +152,7 @@ func TestApplicationOnTodaysDatabase(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM machine_overview"); n != 2 {
 		t.Errorf("machine_overview has %d machines, want 2", n)
 	}
-	if v := appVersion(t, e, "pipeline"); v.version != 2 {
+	if v := appVersion(t, e, "pipeline"); v.Version != 2 {
 		t.Errorf("pipeline version %+v, want 2 (its latest)", v)
 	}
 }
@@ -195,7 +191,7 @@ INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VAL
 	if err := open(v2, false); err != nil {
 		t.Fatalf("v2 on a fresh database: %v", err)
 	}
-	if v := appVersion(t, e, "racks"); v.version != 2 {
+	if v := appVersion(t, e, "racks"); v.Version != 2 {
 		t.Fatalf("racks at %+v, want 2", v)
 	}
 	for _, skip := range []bool{false, true} {
@@ -218,7 +214,7 @@ INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VAL
 		t.Errorf("a dirty application schema = %v, want ErrSchemaDirty", err)
 	}
 	// bmdb's own schema is not affected by the application's versions.
-	if v := appVersion(t, e, bmdbSourceName); v.version != 0 {
+	if v := appVersion(t, e, bmdbSourceName); v.Version != 0 {
 		t.Logf("(no bmdb_schema_migrations, as expected: %+v)", v)
 	}
 }

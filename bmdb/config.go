@@ -28,6 +28,11 @@ const (
 	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
 	// default --max-offset of a CockroachDB cluster.
 	MaxClockOffsetDefault = 500 * time.Millisecond
+	// MaxTransactionDurationDefault is the default
+	// Config.MaxTransactionDuration: a second below CockroachDB's default
+	// closed timestamp target (kv.closed_timestamp.target_duration, 3 s),
+	// for the commit's round trip and the clocks' offset.
+	MaxTransactionDurationDefault = 2 * time.Second
 
 	// MaxComponentNameLength is the longest Config.ComponentName, in bytes.
 	MaxComponentNameLength = 255
@@ -91,6 +96,21 @@ type Config struct {
 	// *RetriesExhaustedError. Must be positive when set. Defaults to
 	// MaxTxAttemptsDefault.
 	MaxTxAttempts int
+
+	// MaxTransactionDuration bounds, on CockroachDB, how long one attempt
+	// of a transaction (Transact's fn, a Work's retrieval, a Finish's
+	// commit callback, with bmdb's own statements) may run before its
+	// commit: one that ran longer returns an error wrapping
+	// ErrTransactionTooLong and is not retried. CockroachDB pushes the
+	// commit timestamp of a transaction older than its closed timestamp
+	// target (3 s by default), which must then refresh its reads; every
+	// session transaction reads its session's row, which the heartbeat
+	// rewrites every SessionInterval/2, so the refresh would fail on every
+	// attempt until the retries run out. Keep it below the cluster's
+	// kv.closed_timestamp.target_duration less the commit latency. Not
+	// applied on PostgreSQL. Negative: no bound. Defaults to
+	// MaxTransactionDurationDefault.
+	MaxTransactionDuration time.Duration
 
 	// MaxOpenConns bounds the connection pool (database/sql's
 	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
@@ -206,6 +226,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBatchSize == 0 {
 		c.MaxBatchSize = cmp.Or(c.MaxGroupSize, MaxBatchSizeDefault)
+	}
+	if c.MaxTransactionDuration == 0 {
+		c.MaxTransactionDuration = MaxTransactionDurationDefault
 	}
 	return c
 }

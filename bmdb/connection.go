@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
@@ -153,14 +153,13 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	settings := poolSettings(cfg)
 	mode := cfg.mode()
-	connector, err := newConnector(cfg.DSN, cfg.NetworkTimeout, settings, newFaults(mode))
+	settings := poolSettings(cfg, mode.Enabled)
+	connector, err := newConnector(cfg.DSN, cfg.NetworkTimeout, settings, dbconn.NewFaults(mode))
 	if err != nil {
 		return nil, err
 	}
-	connector.stmtCacheSize = max(cfg.StatementCacheSize, 0)
-	db, err := openPool(ctx, connector, cfg.DSN)
+	db, err := dbconn.OpenPool(ctx, connector, cfg.DSN)
 	if err != nil {
 		return nil, withConnectHint(err)
 	}
@@ -170,7 +169,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if metrics == nil {
 		metrics, _ = NewMetrics(nil) // cannot fail without a registerer
 	}
-	c := &Connection{cfg: cfg, db: db, settings: settings, faults: connector.faults, metrics: metrics.forComponent(cfg.ComponentName)}
+	c := &Connection{cfg: cfg, db: db, settings: settings, faults: connector.Faults(), metrics: metrics.forComponent(cfg.ComponentName)}
 	if err := c.setUp(ctx, mode.Enabled); err != nil {
 		db.Close()
 		return nil, err
@@ -183,12 +182,16 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	return c, nil
 }
 
-// poolSettings are the server-side bounds of a Connection's pool.
-func poolSettings(cfg Config) connSettings {
+// poolSettings are the server-side bounds of a Connection's pool, and on
+// CockroachDB (or in cockroach mode) the settings it pins.
+func poolSettings(cfg Config, cockroachMode bool) connSettings {
 	return connSettings{
-		lockTimeout:       max(cfg.SessionInterval/4, 10*time.Millisecond),
-		idleInTransaction: cfg.SessionInterval,
-		connectionCheck:   max(cfg.SessionInterval/4, 100*time.Millisecond),
+		LockTimeout:       max(cfg.SessionInterval/4, 10*time.Millisecond),
+		IdleInTransaction: cfg.SessionInterval,
+		ConnectionCheck:   max(cfg.SessionInterval/4, 100*time.Millisecond),
+		StmtCacheSize:     max(cfg.StatementCacheSize, 0),
+		PinCockroach:      true,
+		EmulatedCockroach: cockroachMode,
 	}
 }
 
@@ -235,14 +238,11 @@ func (c *Connection) sessionLifetime() time.Duration {
 
 // detectEngine tells CockroachDB from PostgreSQL by SELECT version().
 func detectEngine(ctx context.Context, db *sql.DB, dsn string) (engine, error) {
-	var version string
-	if err := db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
-		return 0, fmt.Errorf("bmdb: detecting database engine at %s: %w", redactDSN(dsn), redactError(contextError(ctx, err), dsn))
+	cockroach, err := dbconn.IsCockroach(ctx, db, dsn)
+	if err != nil || !cockroach {
+		return enginePostgres, err
 	}
-	if strings.Contains(version, "CockroachDB") {
-		return engineCockroach, nil
-	}
-	return enginePostgres, nil
+	return engineCockroach, nil
 }
 
 // Close closes the pool. Sessions must be closed first: their heartbeats

@@ -2,18 +2,17 @@ package bmdb
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-	"fmt"
-	"os"
-	"os/exec"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+
 	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
@@ -26,6 +25,11 @@ import (
 // random injection (tests inject what they need through faults).
 func cockroachMode(c *Config) {
 	c.cockroachMode = &crdbmode.Settings{Enabled: true, RetryRate: 0}
+}
+
+// injected returns a database error with code, as the injector's.
+func injected(code, msg string) error {
+	return &pq.Error{Severity: "ERROR", Code: pqerror.Code(code), Message: msg}
 }
 
 // Any number of concurrent Opens of one empty database succeed on
@@ -76,114 +80,6 @@ func TestCockroachConcurrentOpens(t *testing.T) {
 	}
 }
 
-// setLease shortens the migration lease for the duration of a test that
-// does not run in parallel.
-func setLease(t *testing.T, d time.Duration) {
-	old := migrationLease.Swap(int64(d))
-	t.Cleanup(func() { migrationLease.Store(old) })
-}
-
-// A migrator killed while holding the lock (and golang-migrate's
-// cockroachdb lock row) delays the next Open by at most one lease: nobody
-// has to delete anything by hand. (Before, every later Open failed until
-// someone deleted the schema_lock row.)
-func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
-	setLease(t, time.Second)
-	dsn := testdb.NewEmpty(t)
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childModeEnv+"=migrator", childDSNEnv+"="+dsn)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	ch := &child{cmd: cmd, lines: make(chan string, 4)}
-	go func() {
-		buf := make([]byte, 256)
-		n, _ := out.Read(buf)
-		ch.lines <- strings.TrimSpace(string(buf[:n]))
-		close(ch.lines)
-	}()
-	ch.next(t, "locked")
-	if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = cmd.Wait()
-	lock, err := ReadMigrationLock(context.Background(), dsn)
-	if err != nil || lock == nil || !lock.Live {
-		t.Fatalf("ReadMigrationLock after the kill = %+v, %v; want the dead migrator's live lease", lock, err)
-	}
-
-	start := time.Now()
-	cfg := Config{DSN: dsn, ComponentName: "next"}
-	cockroachMode(&cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := Open(ctx, cfg)
-	if err != nil {
-		t.Fatalf("Open after a migrator died holding the lock: %v", err)
-	}
-	c.Close()
-	took := time.Since(start)
-	t.Logf("Open after the killed migrator took %v (lease %v)", took, time.Duration(migrationLease.Load()))
-	if took > 4*time.Second {
-		t.Errorf("Open waited %v for a dead migrator's lock", took)
-	}
-}
-
-// runMigratorChild takes the migration lock and golang-migrate's
-// cockroachdb lock row as a migrator does, says "locked", and waits to be
-// killed.
-func runMigratorChild() int {
-	migrationLease.Store(int64(time.Second))
-	ctx := context.Background()
-	conn, err := newConnector(os.Getenv(childDSNEnv), time.Second, connSettings{}, nil)
-	if err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	db := sql.OpenDB(conn)
-	if _, err := acquireMigrationLock(ctx, db, "doomed migrator"); err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	if _, err := db.Exec("INSERT INTO schema_lock (lock_id) VALUES (4242)"); err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	fmt.Println("locked")
-	select {}
-}
-
-// ClearMigrationLock removes a lease and a driver lock row; with none it
-// reports nothing cleared.
-func TestClearMigrationLock(t *testing.T) {
-	t.Parallel()
-	dsn := testdb.New(t)
-	db := openRaw(t, dsn)
-	ctx := context.Background()
-	if cleared, err := ClearMigrationLock(ctx, dsn); err != nil || cleared {
-		t.Fatalf("ClearMigrationLock with no lock = %v, %v", cleared, err)
-	}
-	lock, err := acquireMigrationLock(ctx, db, "stuck")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lock.release()
-	if cleared, err := ClearMigrationLock(ctx, dsn); err != nil || !cleared {
-		t.Fatalf("ClearMigrationLock = %v, %v", cleared, err)
-	}
-	if l, err := ReadMigrationLock(ctx, dsn); err != nil || l != nil {
-		t.Fatalf("lock after clearing: %+v, %v", l, err)
-	}
-}
-
 // On CockroachDB, now() keeps its value across a transaction's savepoint
 // restarts: a heartbeat retried after its session expired must still see
 // it expired. Here the deadline is moved to just ahead, the poke extends
@@ -194,7 +90,7 @@ func TestCockroachRetriedHeartbeatOfExpiredSessionRefused(t *testing.T) {
 	c := e.open(cockroachMode, func(c *Config) { c.SessionInterval = 2 * time.Second })
 	s := e.session(c)
 	var stage atomic.Int32 // 0 idle, 1 armed, 2 poke ran, 3 injected
-	c.faults.hook = func(query string) error {
+	c.faults.Hook(func(query string) error {
 		switch {
 		case stage.Load() == 1 && strings.Contains(query, "UPDATE sessions") && strings.Contains(query, "SET deadline"):
 			stage.Store(2)
@@ -204,7 +100,7 @@ func TestCockroachRetriedHeartbeatOfExpiredSessionRefused(t *testing.T) {
 			return injected(codeSerializationFailure, "restart transaction (injected at RELEASE after a heartbeat)")
 		}
 		return nil
-	}
+	})
 	// Just ahead: the armed poke sees the session alive, its retry does not.
 	e.exec("UPDATE sessions SET deadline = clock_timestamp() + INTERVAL '200 milliseconds' WHERE session_id = $1", s.ID())
 	stage.Store(1)
@@ -229,12 +125,12 @@ func TestCockroachRetriesExhaustedAtRelease(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(cockroachMode, func(c *Config) { c.MaxTxAttempts = 5 })
 	s := e.session(c)
-	c.faults.hook = func(query string) error {
+	c.faults.Hook(func(query string) error {
 		if query == sqlRelease {
 			return injected(codeSerializationFailure, "restart transaction (injected at RELEASE)")
 		}
 		return nil
-	}
+	})
 	start := time.Now()
 	err := s.Transact(context.Background(), func(tx *Tx) error {
 		_, err := tx.CreateMachines(context.Background(), 1)
@@ -265,16 +161,16 @@ func TestCockroachAmbiguousCommit(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name      string
-		fate      int32
+		fate      dbconn.CommitFate
 		committed bool
 	}{
-		{"40003 after commit", commitThen40003, true},
-		{"40003 before commit", rollbackThen40003, false},
-		{"lost after commit", commitThenLost, true},
-		{"lost before commit", rollbackThenLost, false},
+		{"40003 after commit", dbconn.CommitThen40003, true},
+		{"40003 before commit", dbconn.RollbackThen40003, false},
+		{"lost after commit", dbconn.CommitThenLost, true},
+		{"lost before commit", dbconn.RollbackThenLost, false},
 	} {
 		m := e.machine()
-		c.faults.nextCommit.Store(tc.fate)
+		c.faults.NextCommit(tc.fate)
 		w, err := s.Work(ctx, "install", retrieveAll(m))
 		if tc.committed {
 			if err != nil {
@@ -291,7 +187,7 @@ func TestCockroachAmbiguousCommit(t *testing.T) {
 			t.Errorf("%s: claim left behind", tc.name)
 		}
 
-		c.faults.nextCommit.Store(tc.fate)
+		c.faults.NextCommit(tc.fate)
 		err = s.Transact(ctx, func(tx *Tx) error {
 			_, err := tx.DBTX().ExecContext(ctx, "UPDATE machines SET machine_created_at = '2000-01-01' WHERE machine_id = $1", m)
 			return err

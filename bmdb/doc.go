@@ -24,13 +24,29 @@
 //
 // Every transaction re-checks its session. Session.Transact and the
 // batches of Work, WorkBatch, Finish, Cancel and Fail run in SERIALIZABLE
-// transactions whose first
-// statement checks deadline > statement_timestamp() and locks the session
-// row FOR KEY SHARE, and whose last statement, right before COMMIT, checks
-// the local deadline and the database clock again; Finish, Cancel and Fail
-// also delete their claim only if this session still holds it. So a worker
-// that was partitioned, stalled or killed commits nothing after it lost its
-// claim.
+// transactions whose first statement reads the session row and checks deadline > statement_timestamp(),
+// and whose last statement, right before COMMIT, checks the local deadline
+// and the database clock again; Finish, Cancel and Fail also delete their
+// claim only if this session still holds it. A takeover or GC deletes the
+// superseded session's row, and that write orders it against every open
+// transaction of the session, by a mechanism that differs by engine:
+//
+//   - PostgreSQL: the first check locks the row FOR KEY SHARE, so the
+//     takeover's delete waits for the transaction to end (or aborts it).
+//   - CockroachDB: FOR KEY SHARE is a plain read under SERIALIZABLE (shared
+//     locking is off by default, and bmdb pins it off on every connection:
+//     on, the heartbeat's UPDATE would wait for every open transaction of
+//     its session). The delete lands above the transaction's read
+//     timestamp: the transaction either commits below it, serialized before
+//     the takeover, or is pushed above it and fails its read refresh
+//     (40001), and its retry finds no session. The heartbeat rewrites the
+//     same row, so a transaction older than the closed timestamp (3 s),
+//     whose commit is pushed, would fail its refresh on every attempt: an
+//     attempt is bounded by Config.MaxTransactionDuration
+//     (ErrTransactionTooLong).
+//
+// So a worker that was partitioned, stalled or killed commits nothing after
+// it lost its claim.
 //
 // # Stalls and partitions
 //
@@ -44,15 +60,21 @@
 // The server bounds a client that stalls or vanishes: each connection has
 // lock_timeout = SessionInterval/4 and idle_in_transaction_session_timeout
 // = SessionInterval, and the last check before COMMIT lowers the latter to
-// the lease the session has left. A takeover (or GC) deletes the superseded
-// session's row, which every transaction of that session holds with FOR
-// KEY SHARE: the takeover waits for such a transaction to end, or aborts
-// it, and is never ordered after it. What is guaranteed, with the figures
-// measured by this package's tests (1 s interval, PostgreSQL 15):
+// the lease the session has left. A takeover (or GC) is never ordered after
+// a transaction of the session it supersedes (see above): on PostgreSQL it
+// waits for it, bounded by those timeouts; on CockroachDB it does not wait
+// for its read, only for its writes (intents), and the pre-COMMIT check
+// and the lowered idle timeout bound how long the stalled transaction
+// stays open. One case is longer there: if the gateway node of a stalled
+// transaction dies, its intents stay until CockroachDB finds its
+// transaction record unheartbeated, about 5 s (kv's transaction liveness
+// threshold), so a takeover of what it wrote waits up to that long whatever
+// the interval. What is guaranteed (the tests named measure it; the
+// figures are in their logs and bench/README.md):
 //
 //   - A worker's session context is cancelled no later than its deadline on
-//     the database clock, on a black-holed network too (measured: within
-//     ±0.5 ms of it, the precision of the measurement).
+//     the database clock, on a black-holed network too
+//     (TestBlackHoleEndsSessionAndCalls).
 //   - No transaction of a session commits after another session took one of
 //     its claims over, nor after the session's deadline on the database
 //     clock: a transaction stopped anywhere between its first check and its
@@ -63,7 +85,7 @@
 //     processed at it.
 //   - A takeover waits behind a stalled or partitioned holder for at most
 //     about one interval after the holder's deadline, however long the
-//     stall (measured: 70-120 ms).
+//     stall.
 //   - Side effects outside the database are not fenced by the database: use
 //     Work.FencingToken, which grows with every claim of a (machine,
 //     process), and have the external system refuse older tokens.
@@ -97,6 +119,20 @@
 // session and the latest deadline of the batch's calls bound. Callbacks run
 // on the batcher goroutine, so they must not call Work or the ends of the
 // same session and process: they would wait for their own batch.
+//
+// Claims of different processes (sessions, connections, hosts) do not wait
+// for each other's uncommitted claims. A claim statement locks its
+// candidates' machine rows with SKIP LOCKED and claims only those it
+// locked, so a machine another transaction is claiming is skipped, not
+// waited for; a takeover skips an expired session another transaction is
+// superseding. A call whose candidates were all taken returns
+// ErrWorkConflict, which tells "others hold or are taking these" from
+// ErrNothingToDo. On PostgreSQL, whose SERIALIZABLE aborts concurrent
+// claim transactions through the small work index whatever machines they
+// touch, batch transactions of every connection also take a table lock
+// (claim_gate) before their snapshot, so processes' batches run one at a
+// time and see each other's claims (Config.ClaimConcurrency). On
+// CockroachDB they run concurrently: its conflicts are per key.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in
 // one WorkBatch, a handler's slot is free again as soon as its work is

@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/internal/migrate"
 )
 
 // Sentinel errors. Every error bmdb returns that callers may want to act on
@@ -61,6 +63,14 @@ var (
 	// COMMIT); it is wrapped by *RetriesExhaustedError.
 	ErrRetriesExhausted = errors.New("bmdb: transaction retries exhausted")
 
+	// ErrTransactionTooLong means a transaction attempt on CockroachDB ran
+	// longer than Config.MaxTransactionDuration before its commit: it was
+	// rolled back, nothing of it committed, and it was not retried, since
+	// an attempt as long would fail its read refresh again (see
+	// Config.MaxTransactionDuration). Shorten the callback: retrieve fewer
+	// candidates, do slow work outside the transaction.
+	ErrTransactionTooLong = errors.New("bmdb: transaction ran longer than Config.MaxTransactionDuration")
+
 	// ErrAmbiguousCommit means the connection failed while COMMIT was in
 	// flight: the transaction may or may not have committed. bmdb does not
 	// retry it. For a Work, the claim tells: a later Cancel either succeeds
@@ -71,15 +81,15 @@ var (
 	// this binary does not know, migrated by a newer binary, and not every
 	// newer migration declared this binary compatible (see migration
 	// 000006). It is wrapped by *SchemaVersionError.
-	ErrSchemaTooNew = errors.New("bmdb: database schema is newer than this binary")
+	ErrSchemaTooNew = migrate.ErrSchemaTooNew
 
 	// ErrSchemaTooOld means the database schema is older than this binary
 	// needs and migrations are disabled. It is wrapped by *SchemaVersionError.
-	ErrSchemaTooOld = errors.New("bmdb: database schema is older than this binary")
+	ErrSchemaTooOld = migrate.ErrSchemaTooOld
 
 	// ErrSchemaDirty means a migration failed half-way and the schema needs
 	// an operator's repair. It is wrapped by *SchemaVersionError.
-	ErrSchemaDirty = errors.New("bmdb: database schema is dirty")
+	ErrSchemaDirty = migrate.ErrSchemaDirty
 )
 
 // RetriesExhaustedError reports a transaction given up after Attempts
@@ -102,33 +112,11 @@ func (e *RetriesExhaustedError) Is(target error) bool { return target == ErrRetr
 func (e *RetriesExhaustedError) Unwrap() error { return e.Last }
 
 // SchemaVersionError reports a database schema this binary refuses to use.
-// Err is ErrSchemaTooNew, ErrSchemaTooOld or ErrSchemaDirty.
-type SchemaVersionError struct {
-	Err      error
-	Schema   string // "bmdb", or the Application's name
-	Database uint   // the version recorded in the database (0: none)
-	Binary   uint   // the newest version embedded in this binary
-	Dirty    bool
-	Reason   string // why a newer schema is not compatible, if known
-}
-
-func (e *SchemaVersionError) Error() string {
-	what := e.Err.Error()
-	if e.Schema != "" && e.Schema != bmdbSourceName {
-		what += " (application " + e.Schema + ")"
-	}
-	if e.Dirty {
-		return fmt.Sprintf("%s: version %d is marked dirty (a migration failed half-way); repair it and force the version with golang-migrate", what, e.Database)
-	}
-	msg := fmt.Sprintf("%s: database at version %d, binary knows up to %d", what, e.Database, e.Binary)
-	if e.Reason != "" {
-		msg += " (" + e.Reason + ")"
-	}
-	return msg
-}
-
-// Unwrap returns Err.
-func (e *SchemaVersionError) Unwrap() error { return e.Err }
+// Err is ErrSchemaTooNew, ErrSchemaTooOld or ErrSchemaDirty; Schema is
+// "bmdb" or the Application's name; Database is the version recorded in the
+// database (0: none), Binary the newest embedded in this binary; Reason
+// says why a newer schema is not compatible, if known.
+type SchemaVersionError = migrate.SchemaVersionError
 
 // isConnectionError reports whether err says the connection to the
 // database failed (as opposed to the database refusing a statement): then
@@ -145,29 +133,6 @@ func isConnectionError(err error) bool {
 	code := sqlState(err)
 	return strings.HasPrefix(code, "08") || // connection exception
 		code == "57P01" || code == "57P02" || code == "57P03" // admin/crash shutdown, cannot connect now
-}
-
-// PostgreSQL / CockroachDB error codes bmdb reacts to.
-const (
-	codeSerializationFailure = "40001"
-	codeDeadlockDetected     = "40P01"
-	codeLockNotAvailable     = "55P03" // lock_timeout passed
-
-	codeUniqueViolation     = "23505"
-	codeForeignKeyViolation = "23503"
-	codeUndefinedTable      = "42P01"
-	// CockroachDB: the statement may or may not have committed.
-	codeStatementCompletionUnknown = "40003"
-)
-
-// sqlState returns the SQLSTATE of the first database error in err's chain,
-// or "".
-func sqlState(err error) string {
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) {
-		return string(pqErr.Code)
-	}
-	return ""
 }
 
 // withConnectHint adds to a failed first connection what to change in the
@@ -196,16 +161,6 @@ func withConnectHint(err error) error {
 func IsPermanent(err error) bool {
 	code := sqlState(err)
 	return strings.HasPrefix(code, "42") || strings.HasPrefix(code, "0A")
-}
-
-// isRetryable reports whether err is a serialization failure (or a lock
-// wait given up) after which the transaction may be retried.
-func isRetryable(err error) bool {
-	switch sqlState(err) {
-	case codeSerializationFailure, codeDeadlockDetected, codeLockNotAvailable:
-		return true
-	}
-	return false
 }
 
 // invalidArgument returns an error wrapping ErrInvalidArgument.

@@ -20,10 +20,12 @@ const gcBatch = 1000
 //
 // Every live Session runs it every Config.GCPeriod; operators may run it at
 // any time. It is idempotent and safe to run from many components at once:
-// concurrent runs serialise on the session rows, and a claim is recorded
-// Abandoned once. A transaction of an expired session still open on the
-// server (a stalled client) holds its session row: GC waits for it, at most
-// lock_timeout, and that session is collected by a later run.
+// concurrent runs serialise on the session rows (locked in deadline order,
+// reading only expired ones), and a claim is recorded Abandoned once. A
+// transaction of an expired session still open on the server (a stalled
+// client) may make GC wait, at most lock_timeout, and that session is then
+// collected by a later run: on PostgreSQL it holds its session row with
+// FOR KEY SHARE; on CockroachDB it holds intents on the rows it wrote.
 func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 	grace := c.cfg.GCGracePeriod.Seconds()
 	var total int64
@@ -52,8 +54,13 @@ func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 // supersede deletes the given expired sessions, locked by tx, after ending
 // their claims as Abandoned, and returns the processes of those claims and
 // the number of sessions deleted. Deleting a session row is what orders a
-// takeover or GC after every transaction of that session (they hold it with
-// FOR KEY SHARE) or aborts them.
+// takeover or GC after every transaction of that session, which all read
+// it, or aborts them. On PostgreSQL their read is a FOR KEY SHARE lock
+// that the delete waits for. On CockroachDB it is a plain read (shared
+// locks are off under SERIALIZABLE, and bmdb pins them off): the delete
+// lands above the transaction's read timestamp, so the transaction either
+// commits below it (serialized before the takeover) or, pushed above it,
+// fails its read refresh with 40001 and its retry finds no session.
 func supersede(ctx context.Context, tx *Tx, sessions []uuid.UUID) ([]string, int64, error) {
 	if len(sessions) == 0 {
 		return nil, 0, nil

@@ -18,8 +18,6 @@ import (
 func TestMain(m *testing.M) {
 	switch mode := os.Getenv(childModeEnv); mode {
 	case "":
-	case "migrator":
-		os.Exit(runMigratorChild())
 	default:
 		os.Exit(runChild(mode))
 	}
@@ -79,7 +77,7 @@ func (e *env) open(mods ...func(*Config)) *Connection {
 // count retries.
 func exact(c *Connection) {
 	if c.faults != nil {
-		c.faults.off.Store(true)
+		c.faults.Off()
 	}
 }
 

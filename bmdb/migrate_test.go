@@ -6,6 +6,8 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/migrate"
 	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
@@ -37,11 +39,11 @@ func TestMigrateUpDownUp(t *testing.T) {
 	dsn := testdb.NewEmpty(t)
 	db := openRaw(t, dsn)
 	ctx := context.Background()
-	src, err := bmdbSource()
+	src, err := migrate.BmdbSource()
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := func() error { return MigrateDown(ctx, dsn, int(src.latest)) }
+	down := func() error { return MigrateDown(ctx, dsn, int(src.Latest)) }
 	up := func() error { return MigrateUp(ctx, dsn) }
 	for i, step := range []struct {
 		run    func() error
@@ -55,8 +57,8 @@ func TestMigrateUpDownUp(t *testing.T) {
 		}
 	}
 	info, err := ReadSchemaInfo(ctx, dsn)
-	if err != nil || info.Dirty || info.Database != src.latest || info.Database == 0 {
-		t.Fatalf("ReadSchemaInfo = %+v, %v; latest %d", info, err, src.latest)
+	if err != nil || info.Dirty || info.Database != src.Latest || info.Database == 0 {
+		t.Fatalf("ReadSchemaInfo = %+v, %v; latest %d", info, err, src.Latest)
 	}
 }
 
@@ -85,7 +87,8 @@ func TestOpenRefusesIncompatibleSchema(t *testing.T) {
 	}{
 		{"too new", "UPDATE schema_migrations SET version = 999", false, ErrSchemaTooNew},
 		{"too new, migrations off", "UPDATE schema_migrations SET version = 999", true, ErrSchemaTooNew},
-		{"dirty", "UPDATE schema_migrations SET dirty = true", false, ErrSchemaDirty},
+		// 000001 is not marked safe to re-run (bmdb:rerunnable).
+		{"dirty", "UPDATE schema_migrations SET version = 1, dirty = true", false, ErrSchemaDirty},
 		{"dirty, migrations off", "UPDATE schema_migrations SET dirty = true", true, ErrSchemaDirty},
 		{"too old, migrations off", "DELETE FROM schema_migrations", true, ErrSchemaTooOld},
 	} {
@@ -105,6 +108,22 @@ func TestOpenRefusesIncompatibleSchema(t *testing.T) {
 			}
 			t.Log(err)
 		})
+	}
+}
+
+// A dirty version whose file is safe to re-run (bmdb:rerunnable) is
+// forced back and migrated again by Open. (Before, Open refused it.)
+func TestOpenRecoversDirtyRerunnableVersion(t *testing.T) {
+	t.Parallel()
+	dsn := testdb.New(t)
+	openRaw(t, dsn).Exec("UPDATE schema_migrations SET dirty = true")
+	c, err := Open(context.Background(), Config{DSN: dsn, ComponentName: "test"})
+	if err != nil {
+		t.Fatalf("Open of a dirty, re-runnable version: %v", err)
+	}
+	c.Close()
+	if info, err := ReadSchemaInfo(context.Background(), dsn); err != nil || info.Dirty || info.Database != info.Binary {
+		t.Fatalf("schema after Open = %+v, %v", info, err)
 	}
 }
 
@@ -198,5 +217,43 @@ func TestOpenNewerSchemaByCompatibility(t *testing.T) {
 				t.Errorf("Open changed the schema version to %d", info.Database)
 			}
 		})
+	}
+}
+
+// Open recovers a bmdb migration that CockroachDB applied in part
+// (emulated in cockroach mode: 000012 stops after two of its three
+// statements, the version stays dirty): the next Open runs the file again.
+func TestCockroachOpenRecoversHalfAppliedMigration(t *testing.T) {
+	t.Parallel()
+	testdb.SkipOnCockroach(t, "emulates a failure between two statements")
+	dsn := testdb.NewEmpty(t)
+	ctx := context.Background()
+	src, err := migrate.BmdbSource()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := migrate.To(ctx, migrate.Target{DSN: dsn, NetworkTimeout: SessionIntervalDefault}, src, 11); err != nil {
+		t.Fatal(err)
+	}
+	open := func(failAfter int) error {
+		cfg := Config{DSN: dsn, ComponentName: "rollout"}
+		cfg.cockroachMode = &crdbmode.Settings{Enabled: true, MigrationFailAfter: failAfter}
+		c, err := Open(ctx, cfg)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	}
+	if err := open(2); err == nil {
+		t.Fatal("Open with a migration failing half-way succeeded")
+	}
+	if info, err := ReadSchemaInfo(ctx, dsn); err != nil || !info.Dirty || info.Database != 12 {
+		t.Fatalf("schema after the failure = %+v, %v; want 12, dirty", info, err)
+	}
+	if err := open(0); err != nil {
+		t.Fatalf("Open after a half-applied migration: %v", err)
+	}
+	if info, err := ReadSchemaInfo(ctx, dsn); err != nil || info.Dirty || info.Database != src.Latest {
+		t.Fatalf("schema after recovery = %+v, %v", info, err)
 	}
 }

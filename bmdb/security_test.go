@@ -297,12 +297,16 @@ func packageConsts(files []*ast.File) map[string]bool {
 
 // forwarders are the functions that pass on a query they were given rather
 // than build one, each called only with constant text: the driver wrapper
-// (netconn.go) and its statement cache (stmtcache.go) forward database/sql's
-// queries to lib/pq, crdbTx.Exec runs crdb's SAVEPOINT statements, and
-// ensureTable runs the CREATE TABLE it is handed, and the bench's
+// (internal/dbconn's netconn.go) and its statement cache (stmtcache.go)
+// forward database/sql's queries to lib/pq, crdbTx.Exec runs crdb's
+// SAVEPOINT statements, ensureTable (internal/migrate's lock.go) runs
+// the CREATE TABLE it is handed, and querySetting (internal/dbconn's
+// pins.go) the settings statement it is handed; execSplit (faults.go)
+// runs the statements of a migration file, waitForWriters (faults.go)
+// a probe of the session row by its parsed UUID, and the bench's
 // waitUntil polls the constant query it is given.
 var forwarders = map[string]bool{
-	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "migrationlock.go:ensureTable": true,
+	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "faults.go:execSplit": true, "faults.go:waitForWriters": true,
 	"procs.go:waitUntil": true,
 }
 

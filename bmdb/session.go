@@ -256,8 +256,10 @@ func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error, opts ...t
 	}, opts...)
 }
 
-// check verifies inside tx that the session is alive on the database clock,
-// and keeps its row from being deleted (a takeover or GC) until tx ends.
+// check verifies inside tx that the session is alive on the database clock.
+// Its read of the row orders tx against a takeover or GC, which delete it:
+// on PostgreSQL it locks the row until tx ends; on CockroachDB tx commits
+// before the delete or fails its read refresh (doc.go).
 func (s *Session) check(ctx context.Context, tx *Tx) error {
 	_, err := tx.q.SessionCheck(ctx, s.id)
 	if errors.Is(err, sql.ErrNoRows) {
@@ -286,7 +288,7 @@ func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
 		return err
 	}
 	left := time.Until(*s.localDeadline.Load())
-	maxIdle := min(left, s.conn.settings.idleInTransaction)
+	maxIdle := min(left, s.conn.settings.IdleInTransaction)
 	_, err := tx.q.SessionCheckBeforeCommit(ctx, store.SessionCheckBeforeCommitParams{
 		SessionID: s.id, MaxIdleMs: max(maxIdle.Milliseconds(), 1),
 	})

@@ -300,7 +300,11 @@ func (c *Connection) attemptCockroach(ctx context.Context, a *attempts, fn func(
 		a.n++
 		c.countAttempt()
 		adapter.releaseFailed = false
+		tooLong := c.attemptDeadline()
 		err := fn(c.newTx(tx))
+		if err == nil {
+			err = tooLong()
+		}
 		if isRetryable(err) {
 			adapter.failure = err
 		}
@@ -403,17 +407,4 @@ func retryDelay(attempt int) time.Duration {
 		d = min(txRetryBase<<(attempt-1), txRetryCap)
 	}
 	return d/2 + rand.N(d/2+1)
-}
-
-// contextError adds ctx's cause to err when ctx is done, so that a query
-// aborted by cancellation reads and matches (errors.Is) as what it is.
-func contextError(ctx context.Context, err error) error {
-	if err == nil || ctx.Err() == nil {
-		return err
-	}
-	cause := context.Cause(ctx)
-	if errors.Is(err, cause) {
-		return err
-	}
-	return fmt.Errorf("%w: %w", cause, err)
 }

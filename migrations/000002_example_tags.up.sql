@@ -7,4 +7,6 @@
 -- that the numbering of recorded versions does not change.
 --
 -- Compatibility: none needed (no change).
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 SELECT 1;

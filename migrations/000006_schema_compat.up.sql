@@ -8,9 +8,12 @@
 --
 -- Compatibility: additive (a new table). Binaries built for 000001-000005
 -- keep working.
-CREATE TABLE bmdb_schema_compat (
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+CREATE TABLE IF NOT EXISTS bmdb_schema_compat (
     version INT8 PRIMARY KEY,
     oldest_compatible INT8 NOT NULL CHECK (oldest_compatible >= 1 AND oldest_compatible <= version)
 );
 INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES
-    (2, 1), (3, 1), (4, 1), (5, 1), (6, 1);
+    (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)
+ON CONFLICT (version) DO NOTHING;

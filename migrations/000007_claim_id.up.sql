@@ -6,5 +6,7 @@
 -- Compatibility: additive. Binaries built for 000001-000006 insert claims
 -- without it (the default fills it) and fence on (machine, process,
 -- session) as before; their history rows have no claim_id.
-ALTER TABLE work ADD COLUMN claim_id UUID NOT NULL DEFAULT gen_random_uuid();
-ALTER TABLE work_history ADD COLUMN claim_id UUID;
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+ALTER TABLE work ADD COLUMN IF NOT EXISTS claim_id UUID NOT NULL DEFAULT gen_random_uuid();
+ALTER TABLE work_history ADD COLUMN IF NOT EXISTS claim_id UUID;

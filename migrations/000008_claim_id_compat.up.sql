@@ -3,4 +3,7 @@
 -- column it added, and this changes nothing but bmdb_schema_compat.
 --
 -- Compatibility: additive (a row).
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (7, 1), (8, 1);
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (7, 1), (8, 1)
+ON CONFLICT (version) DO NOTHING;

@@ -8,10 +8,12 @@
 -- Compatibility: additive (a new table, a nullable column). Binaries built
 -- for 000001-000008 claim without tokens (the next token-aware claim still
 -- increments past every token handed out) and never read the column.
-CREATE TABLE work_fencing (
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+CREATE TABLE IF NOT EXISTS work_fencing (
     machine_id UUID NOT NULL REFERENCES machines (machine_id) ON DELETE CASCADE,
     process TEXT NOT NULL CHECK (length(process) BETWEEN 1 AND 128),
     token INT8 NOT NULL CHECK (token > 0),
     PRIMARY KEY (machine_id, process)
 );
-ALTER TABLE work_history ADD COLUMN fencing_token INT8;
+ALTER TABLE work_history ADD COLUMN IF NOT EXISTS fencing_token INT8;

@@ -3,4 +3,7 @@
 -- a transaction use a column it added.
 --
 -- Compatibility: additive (a row).
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (9, 1), (10, 1);
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (9, 1), (10, 1)
+ON CONFLICT (version) DO NOTHING;

@@ -10,12 +10,14 @@
 -- Compatibility: breaking for binaries before 000012, whose web pages and
 -- bmdbctl read machine_status: they refuse this schema (oldest_compatible
 -- 12), so upgrade every component with it.
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 DROP VIEW IF EXISTS machine_status;
 
 -- machine_overview: every machine, with its live claims, its claims held
 -- by expired sessions (stuck until a takeover or GC), and its backoffs in
 -- force.
-CREATE VIEW machine_overview AS
+CREATE OR REPLACE VIEW machine_overview AS
 SELECT m.machine_id, m.machine_created_at,
        (SELECT count(*) FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.machine_id = m.machine_id AND s.deadline > now()) AS live_claims,
@@ -25,4 +27,5 @@ SELECT m.machine_id, m.machine_created_at,
         WHERE b.machine_id = m.machine_id AND b.until > now()) AS active_backoffs
 FROM machines m;
 
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (12, 12);
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (12, 12)
+ON CONFLICT (version) DO NOTHING;

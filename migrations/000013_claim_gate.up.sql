@@ -9,7 +9,9 @@
 --
 -- Compatibility: additive (a table). Binaries before 000013 do not take
 -- the lock; they still claim correctly beside newer ones, with the
--- serialization retries this table avoids. Safe to re-run.
+-- serialization retries this table avoids.
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 CREATE TABLE IF NOT EXISTS claim_gate (
     gate BOOLEAN PRIMARY KEY DEFAULT TRUE
 );

@@ -79,6 +79,10 @@ type BmdbSchemaCompat struct {
 	OldestCompatible int64 `json:"oldest_compatible"`
 }
 
+type ClaimGate struct {
+	Gate bool `json:"gate"`
+}
+
 type CurrentWork struct {
 	MachineID     uuid.UUID `json:"machine_id"`
 	Process       string    `json:"process"`

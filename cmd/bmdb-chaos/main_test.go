@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/chaos"
+	"github.com/bmdb-dev/bmdb/internal/chaos"
 )
 
 // TestMain lets the test binary serve as the harness's worker processes:

@@ -76,6 +76,8 @@ CREATE INDEX work_backoff_process_until_idx ON work_backoff (process, until);
 -- that the numbering of recorded versions does not change.
 --
 -- Compatibility: none needed (no change).
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 SELECT 1;
 
 -- migrations/000003_history_component.up.sql
@@ -86,7 +88,9 @@ SELECT 1;
 -- 000001-000002 write history without it; readable_history (000005) falls
 -- back to the session row. Kept alone in its file: CockroachDB cannot use a
 -- column in the transaction that adds it.
-ALTER TABLE work_history ADD COLUMN component_name TEXT;
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+ALTER TABLE work_history ADD COLUMN IF NOT EXISTS component_name TEXT;
 
 -- migrations/000004_backoff_cleared.up.sql
 -- 000004_backoff_cleared: the BackoffCleared history event, an operator's
@@ -95,6 +99,8 @@ ALTER TABLE work_history ADD COLUMN component_name TEXT;
 -- Compatibility: additive. Older binaries never write it and read it as any
 -- other event string. Kept alone in its file: neither engine lets a
 -- transaction use an enum value it added.
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 ALTER TYPE work_history_event ADD VALUE IF NOT EXISTS 'BackoffCleared';
 
 -- migrations/000005_operator_views.up.sql
@@ -106,15 +112,17 @@ ALTER TYPE work_history_event ADD VALUE IF NOT EXISTS 'BackoffCleared';
 -- or write changed. (It also created machine_status, a view of the example
 -- pipeline's stages; 000012 replaced it with the generic machine_overview,
 -- and a new database never has it.)
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 
 -- Retention (bmdb.PruneHistory) deletes the oldest rows in batches.
-CREATE INDEX work_history_at_idx ON work_history (at);
+CREATE INDEX IF NOT EXISTS work_history_at_idx ON work_history (at);
 
 -- The web page of a session lists its history.
-CREATE INDEX work_history_session_idx ON work_history (session_id, at);
+CREATE INDEX IF NOT EXISTS work_history_session_idx ON work_history (session_id, at);
 
 -- live_sessions: sessions alive on the database clock.
-CREATE VIEW live_sessions AS
+CREATE OR REPLACE VIEW live_sessions AS
 SELECT s.session_id, s.component_name, s.runtime_info, s.created_at, s.deadline,
        s.interval_seconds,
        EXTRACT(EPOCH FROM s.deadline - now())::FLOAT8 AS seconds_left
@@ -123,21 +131,21 @@ WHERE s.deadline > now();
 
 -- current_work: every claim with its holder and age; alive is false for a
 -- claim of an expired session, which the next Work takes over.
-CREATE VIEW current_work AS
+CREATE OR REPLACE VIEW current_work AS
 SELECT w.machine_id, w.process, w.session_id, s.component_name, w.started_at,
        EXTRACT(EPOCH FROM now() - w.started_at)::FLOAT8 AS age_seconds,
        (s.deadline > now()) AS alive
 FROM work w JOIN sessions s ON s.session_id = w.session_id;
 
 -- active_backoffs: (machine, process) pairs kept from being claimed now.
-CREATE VIEW active_backoffs AS
+CREATE OR REPLACE VIEW active_backoffs AS
 SELECT b.machine_id, b.process, b.cause, b.until, b.interval_seconds,
        EXTRACT(EPOCH FROM b.until - now())::FLOAT8 AS seconds_left
 FROM work_backoff b
 WHERE b.until > now();
 
 -- readable_history: work_history with the component of each step.
-CREATE VIEW readable_history AS
+CREATE OR REPLACE VIEW readable_history AS
 SELECT h.id, h.machine_id, h.process, h.event::TEXT AS event, h.session_id,
        COALESCE(h.component_name, s.component_name, '') AS component_name,
        h.at, COALESCE(h.failed_cause, '') AS cause
@@ -154,12 +162,15 @@ FROM work_history h LEFT JOIN sessions s ON s.session_id = h.session_id;
 --
 -- Compatibility: additive (a new table). Binaries built for 000001-000005
 -- keep working.
-CREATE TABLE bmdb_schema_compat (
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+CREATE TABLE IF NOT EXISTS bmdb_schema_compat (
     version INT8 PRIMARY KEY,
     oldest_compatible INT8 NOT NULL CHECK (oldest_compatible >= 1 AND oldest_compatible <= version)
 );
 INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES
-    (2, 1), (3, 1), (4, 1), (5, 1), (6, 1);
+    (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)
+ON CONFLICT (version) DO NOTHING;
 
 -- migrations/000007_claim_id.up.sql
 -- 000007_claim_id: every claim gets an identity of its own, and history
@@ -170,8 +181,10 @@ INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES
 -- Compatibility: additive. Binaries built for 000001-000006 insert claims
 -- without it (the default fills it) and fence on (machine, process,
 -- session) as before; their history rows have no claim_id.
-ALTER TABLE work ADD COLUMN claim_id UUID NOT NULL DEFAULT gen_random_uuid();
-ALTER TABLE work_history ADD COLUMN claim_id UUID;
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+ALTER TABLE work ADD COLUMN IF NOT EXISTS claim_id UUID NOT NULL DEFAULT gen_random_uuid();
+ALTER TABLE work_history ADD COLUMN IF NOT EXISTS claim_id UUID;
 
 -- migrations/000008_claim_id_compat.up.sql
 -- 000008_claim_id_compat: records that 000007 keeps every older binary
@@ -179,7 +192,10 @@ ALTER TABLE work_history ADD COLUMN claim_id UUID;
 -- column it added, and this changes nothing but bmdb_schema_compat.
 --
 -- Compatibility: additive (a row).
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (7, 1), (8, 1);
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (7, 1), (8, 1)
+ON CONFLICT (version) DO NOTHING;
 
 -- migrations/000009_fencing_tokens.up.sql
 -- 000009_fencing_tokens: a fencing token per claim, for side effects
@@ -192,13 +208,15 @@ INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (7, 1), (8, 1
 -- Compatibility: additive (a new table, a nullable column). Binaries built
 -- for 000001-000008 claim without tokens (the next token-aware claim still
 -- increments past every token handed out) and never read the column.
-CREATE TABLE work_fencing (
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+CREATE TABLE IF NOT EXISTS work_fencing (
     machine_id UUID NOT NULL REFERENCES machines (machine_id) ON DELETE CASCADE,
     process TEXT NOT NULL CHECK (length(process) BETWEEN 1 AND 128),
     token INT8 NOT NULL CHECK (token > 0),
     PRIMARY KEY (machine_id, process)
 );
-ALTER TABLE work_history ADD COLUMN fencing_token INT8;
+ALTER TABLE work_history ADD COLUMN IF NOT EXISTS fencing_token INT8;
 
 -- migrations/000010_fencing_tokens_compat.up.sql
 -- 000010_fencing_tokens_compat: records that 000009 keeps every older
@@ -206,7 +224,10 @@ ALTER TABLE work_history ADD COLUMN fencing_token INT8;
 -- a transaction use a column it added.
 --
 -- Compatibility: additive (a row).
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (9, 1), (10, 1);
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (9, 1), (10, 1)
+ON CONFLICT (version) DO NOTHING;
 
 -- migrations/000011_app_schema_compat.up.sql
 -- 000011_app_schema_compat: the rolling-upgrade declarations of
@@ -218,13 +239,16 @@ INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (9, 1), (10, 
 --
 -- Compatibility: additive (a new table). Binaries built for 000001-000010
 -- keep working.
-CREATE TABLE bmdb_app_schema_compat (
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+CREATE TABLE IF NOT EXISTS bmdb_app_schema_compat (
     application TEXT NOT NULL CHECK (length(application) BETWEEN 1 AND 40),
     version INT8 NOT NULL,
     oldest_compatible INT8 NOT NULL CHECK (oldest_compatible >= 1 AND oldest_compatible <= version),
     PRIMARY KEY (application, version)
 );
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (11, 1);
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (11, 1)
+ON CONFLICT (version) DO NOTHING;
 
 -- migrations/000012_machine_overview.up.sql
 -- 000012_machine_overview: the framework's schema holds no application's
@@ -239,12 +263,14 @@ INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (11, 1);
 -- Compatibility: breaking for binaries before 000012, whose web pages and
 -- bmdbctl read machine_status: they refuse this schema (oldest_compatible
 -- 12), so upgrade every component with it.
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 DROP VIEW IF EXISTS machine_status;
 
 -- machine_overview: every machine, with its live claims, its claims held
 -- by expired sessions (stuck until a takeover or GC), and its backoffs in
 -- force.
-CREATE VIEW machine_overview AS
+CREATE OR REPLACE VIEW machine_overview AS
 SELECT m.machine_id, m.machine_created_at,
        (SELECT count(*) FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.machine_id = m.machine_id AND s.deadline > now()) AS live_claims,
@@ -254,4 +280,27 @@ SELECT m.machine_id, m.machine_created_at,
         WHERE b.machine_id = m.machine_id AND b.until > now()) AS active_backoffs
 FROM machines m;
 
-INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (12, 12);
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (12, 12)
+ON CONFLICT (version) DO NOTHING;
+
+-- migrations/000013_claim_gate.up.sql
+-- 000013_claim_gate: the table whose lock serialises the batch
+-- transactions (claims and ends) of every connection on PostgreSQL. It
+-- holds no rows: a batch transaction's first statement is LOCK TABLE
+-- claim_gate IN EXCLUSIVE MODE, taken before the transaction's snapshot,
+-- so that batches of different processes neither abort each other
+-- (PostgreSQL's SERIALIZABLE tracks reads of the small, hot work index per
+-- page) nor miss each other's claims. Unused on CockroachDB, whose
+-- conflicts are per key (see Config.ClaimConcurrency).
+--
+-- Compatibility: additive (a table). Binaries before 000013 do not take
+-- the lock; they still claim correctly beside newer ones, with the
+-- serialization retries this table avoids.
+--
+-- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
+CREATE TABLE IF NOT EXISTS claim_gate (
+    gate BOOLEAN PRIMARY KEY DEFAULT TRUE
+);
+
+INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (13, 12)
+ON CONFLICT (version) DO NOTHING;

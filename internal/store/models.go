@@ -79,6 +79,10 @@ type BmdbSchemaCompat struct {
 	OldestCompatible int64
 }
 
+type ClaimGate struct {
+	Gate bool
+}
+
 type CurrentWork struct {
 	MachineID     uuid.UUID
 	Process       string

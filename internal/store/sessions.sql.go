@@ -21,10 +21,16 @@ FOR KEY SHARE
 
 // SessionCheck returns the session's id if it is alive on the database clock
 // (at this statement, not at the start of the transaction), and no row
-// otherwise. Every session transaction runs it first. FOR KEY SHARE keeps
-// the row from being deleted until the transaction ends: a takeover or GC
-// of the session deletes it, so they wait for the session's open
-// transactions (or abort them), and no transaction of a superseded session
+// otherwise. Every session transaction runs it first, and a takeover or GC
+// of the session deletes the row, which orders the two; how differs by
+// engine. On PostgreSQL, FOR KEY SHARE keeps the row from being deleted
+// until the transaction ends: a takeover or GC waits for the session's open
+// transactions (or aborts them). On CockroachDB, under SERIALIZABLE, FOR
+// KEY SHARE is a plain read (shared locking is off by default, and bmdb
+// pins it off): the delete lands above the transaction's read timestamp,
+// so the transaction either commits below it (serialized before the
+// takeover) or, pushed above it, fails its read refresh (40001) and its
+// retry finds no session. Either way no transaction of a superseded session
 // commits after the takeover.
 func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
@@ -60,6 +66,8 @@ type SessionCheckBeforeCommitRow struct {
 // transaction's idle_in_transaction_session_timeout to the time left until
 // then (at most max_idle_ms), so that if the client stalls before COMMIT the
 // server ends the transaction at the deadline rather than commit it later.
+// On CockroachDB this, not a lock, bounds how long a stalled transaction of
+// a superseded session stays open (see SessionCheck).
 func (q *Queries) SessionCheckBeforeCommit(ctx context.Context, arg SessionCheckBeforeCommitParams) (SessionCheckBeforeCommitRow, error) {
 	row := q.queryRow(ctx, q.sessionCheckBeforeCommitStmt, sessionCheckBeforeCommit, arg.MaxIdleMs, arg.SessionID)
 	var i SessionCheckBeforeCommitRow
@@ -99,7 +107,7 @@ func (q *Queries) SessionDeleteMany(ctx context.Context, sessionIds []uuid.UUID)
 const sessionLockExpired = `-- name: SessionLockExpired :many
 SELECT session_id FROM sessions
 WHERE deadline < statement_timestamp() - $1::FLOAT8 * INTERVAL '1 second'
-ORDER BY session_id
+ORDER BY deadline, session_id
 LIMIT $2
 FOR UPDATE
 `
@@ -110,10 +118,17 @@ type SessionLockExpiredParams struct {
 }
 
 // SessionLockExpired locks, for deletion, the sessions whose deadline passed
-// more than grace_seconds ago, and returns their ids. GC runs it first, so
-// that it takes the session rows before their claims, in the same order as
-// every session transaction (no deadlock with a stalled one: GC waits for
-// it, bounded by lock_timeout).
+// more than grace_seconds ago, and returns their ids. It reads
+// sessions_deadline_idx from its start up to the expiry bound, oldest
+// first, so it reads (and locks) expired rows only: CockroachDB, unless
+// optimizer_use_lock_op_for_serializable is on, locks every row a FOR
+// UPDATE scan reads, and a scan in session_id order would lock live
+// sessions too and stall their heartbeats and checks. (deadline,
+// session_id) is a total order, the same in every concurrent GC, so two
+// GCs cannot deadlock. GC runs it first, so that it takes the session rows
+// before their claims, in the same order as every session transaction: a
+// stalled transaction's lock on its row (PostgreSQL) or its intents
+// (CockroachDB) make GC wait, bounded by lock_timeout.
 func (q *Queries) SessionLockExpired(ctx context.Context, arg SessionLockExpiredParams) ([]uuid.UUID, error) {
 	rows, err := q.query(ctx, q.sessionLockExpiredStmt, sessionLockExpired, arg.GraceSeconds, arg.RowLimit)
 	if err != nil {
@@ -167,8 +182,11 @@ WHERE session_id = $1 AND deadline > statement_timestamp()
 // resurrected. It compares with statement_timestamp(), not now(): on
 // CockroachDB now() keeps its value across a transaction's retries, and a
 // retried poke must not extend a session that expired meanwhile. It updates
-// no key column, so it does not conflict with the FOR KEY SHARE lock of
-// SessionCheck.
+// no key column, so on PostgreSQL it does not conflict with the FOR KEY
+// SHARE lock of SessionCheck; on CockroachDB that clause takes no lock (see
+// SessionCheck), and the poke's write only pushes the session's open
+// transactions, which are bounded by Config.MaxTransactionDuration so that
+// their read refresh succeeds.
 func (q *Queries) SessionPoke(ctx context.Context, sessionID uuid.UUID) (int64, error) {
 	result, err := q.exec(ctx, q.sessionPokeStmt, sessionPoke, sessionID)
 	if err != nil {

@@ -7,6 +7,8 @@
 -- their rows, and keeps both.
 --
 -- Compatibility: the first migration of the application.
+--
+-- bmdb:rerunnable (safe to run again from any partial state)
 CREATE TABLE IF NOT EXISTS machine_provided (
     machine_id UUID PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
     provider TEXT NOT NULL,
@@ -27,14 +29,14 @@ CREATE TABLE IF NOT EXISTS machine_os_installed (
 
 -- app_stages: the pipeline's stages in order, under the name bmdb's pages
 -- look for.
-CREATE VIEW app_stages AS
+CREATE OR REPLACE VIEW app_stages AS
 SELECT 'new'::TEXT AS stage, 1::INT8 AS position, 'created, not provided yet'::TEXT AS description
 UNION ALL SELECT 'provided', 2, 'provided by the data center, agent not started'
 UNION ALL SELECT 'agent-started', 3, 'agent running, OS not installed'
 UNION ALL SELECT 'os-installed', 4, 'OS installed: done';
 
 -- app_machine_stages: each machine's stage, the furthest tag it has.
-CREATE VIEW app_machine_stages AS
+CREATE OR REPLACE VIEW app_machine_stages AS
 SELECT m.machine_id,
        CASE
            WHEN o.machine_id IS NOT NULL THEN 'os-installed'
@@ -48,7 +50,7 @@ LEFT JOIN machine_agent_started a ON a.machine_id = m.machine_id
 LEFT JOIN machine_os_installed o ON o.machine_id = m.machine_id;
 
 -- app_machine_tags: each machine's tags, for its page.
-CREATE VIEW app_machine_tags AS
+CREATE OR REPLACE VIEW app_machine_tags AS
 SELECT machine_id, 'provided' AS tag, provider AS value, provided_at AS at FROM machine_provided
 UNION ALL
 SELECT machine_id, 'agent started', agent_version, started_at FROM machine_agent_started

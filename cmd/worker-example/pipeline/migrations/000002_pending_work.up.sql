@@ -7,7 +7,9 @@
 --	app_pending_work (process TEXT, machine_id UUID)
 --
 -- Compatibility: additive (a view). Binaries of version 1 keep working.
-CREATE VIEW app_pending_work AS
+--
+-- bmdb:rerunnable (safe to run again from any partial state)
+CREATE OR REPLACE VIEW app_pending_work AS
 SELECT 'provide'::TEXT AS process, m.machine_id
 FROM machines m
 WHERE NOT EXISTS (SELECT 1 FROM machine_provided p WHERE p.machine_id = m.machine_id)
@@ -20,4 +22,5 @@ SELECT 'install-os', a.machine_id
 FROM machine_agent_started a
 WHERE NOT EXISTS (SELECT 1 FROM machine_os_installed o WHERE o.machine_id = a.machine_id);
 
-INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VALUES ('pipeline', 2, 1);
+INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VALUES ('pipeline', 2, 1)
+ON CONFLICT (application, version) DO NOTHING;

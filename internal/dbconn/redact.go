@@ -1,4 +1,4 @@
-package bmdb
+package dbconn
 
 import (
 	"errors"
@@ -10,9 +10,9 @@ import (
 // keyValuePassword matches password=... in a key=value DSN, quoted or not.
 var keyValuePassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
-// redactDSN returns dsn fit for logs and errors: the password is replaced by
+// RedactDSN returns dsn fit for logs and errors: the password is replaced by
 // "xxxxx", in both URL and key=value forms.
-func redactDSN(dsn string) string {
+func RedactDSN(dsn string) string {
 	if isURLDSN(dsn) {
 		u, err := url.Parse(dsn)
 		if err != nil {
@@ -62,14 +62,14 @@ type redactedError struct {
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
 
-// redactError returns err with every occurrence of dsn, and of its password,
+// RedactError returns err with every occurrence of dsn, and of its password,
 // removed from its message.
-func redactError(err error, dsn string) error {
+func RedactError(err error, dsn string) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	clean := strings.ReplaceAll(msg, dsn, redactDSN(dsn))
+	clean := strings.ReplaceAll(msg, dsn, RedactDSN(dsn))
 	if p := dsnPassword(dsn); p != "" {
 		clean = strings.ReplaceAll(clean, p, "xxxxx")
 		if esc := url.QueryEscape(p); esc != p {

@@ -1,4 +1,4 @@
-package bmdb
+package migrate
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
@@ -26,13 +27,24 @@ import (
 
 // migrationLease is how long a migrator's lease lasts without renewal: a
 // migrator killed while migrating delays the next one by at most this.
-// Tests shorten it.
+// Tests shorten it (SetLease).
 var migrationLease atomic.Int64 // nanoseconds
 
 func init() { migrationLease.Store(int64(15 * time.Second)) }
 
 // lease returns migrationLease.
 func lease() time.Duration { return time.Duration(migrationLease.Load()) }
+
+// SetLease sets how long a migrator's lease lasts without renewal, and
+// returns the previous value (tests).
+func SetLease(d time.Duration) time.Duration { return time.Duration(migrationLease.Swap(int64(d))) }
+
+// retryDelay returns the jittered wait before retry number attempt (from
+// 1) of a lost CREATE TABLE race.
+func retryDelay(attempt int) time.Duration {
+	d := min(2*time.Millisecond<<min(attempt-1, 8), 250*time.Millisecond)
+	return d/2 + rand.N(d/2+1)
+}
 
 // Statements of the migration lock: constant text, values as parameters.
 // The table is created before any migration runs, so it is not part of
@@ -82,10 +94,10 @@ const (
 func ensureTable(ctx context.Context, db *sql.DB, createSQL string) error {
 	for attempt := 1; ; attempt++ {
 		_, err := db.ExecContext(ctx, createSQL)
-		switch code := sqlState(err); {
+		switch code := dbconn.SQLState(err); {
 		case err == nil:
 			return nil
-		case code == codeUniqueViolation || code == codeDuplicateTable || code == codeDuplicateObject || isRetryable(err):
+		case code == dbconn.CodeUniqueViolation || code == codeDuplicateTable || code == codeDuplicateObject || dbconn.IsRetryable(err):
 			if err := wait.Sleep(ctx, retryDelay(attempt)); err != nil {
 				return err
 			}
@@ -107,10 +119,9 @@ type migrationLock struct {
 // until it holds the lease, and renews it in the background until release.
 func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrationLock, error) {
 	if err := ensureTable(ctx, db, createMigrationLockSQL); err != nil {
-		return nil, fmt.Errorf("bmdb: creating bmdb_migration_lock: %w", contextError(ctx, err))
+		return nil, fmt.Errorf("bmdb: creating bmdb_migration_lock: %w", dbconn.ContextError(ctx, err))
 	}
 	holder := uuid.New()
-	info = truncateCause(info)
 	poll := 20 * time.Millisecond
 	for waited := false; ; {
 		var got uuid.UUID
@@ -120,8 +131,8 @@ func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrat
 			l := &migrationLock{db: db, holder: holder}
 			l.renewInBackground()
 			return l, nil
-		case !errors.Is(err, sql.ErrNoRows) && !isRetryable(err):
-			return nil, fmt.Errorf("bmdb: taking the migration lock: %w", contextError(ctx, err))
+		case !errors.Is(err, sql.ErrNoRows) && !dbconn.IsRetryable(err):
+			return nil, fmt.Errorf("bmdb: taking the migration lock: %w", dbconn.ContextError(ctx, err))
 		}
 		if !waited {
 			waited = true
@@ -179,15 +190,15 @@ func rowsAffected(res sql.Result, err error) (int64, error) {
 
 // clearedRows is rowsAffected, with a missing table counting as none.
 func clearedRows(res sql.Result, err error) (int64, error) {
-	if sqlState(err) == codeUndefinedTable {
+	if dbconn.SQLState(err) == dbconn.CodeUndefinedTable {
 		return 0, nil
 	}
 	return rowsAffected(res, err)
 }
 
-// MigrationLock describes the lease of the component migrating the schema
-// (ReadMigrationLock).
-type MigrationLock struct {
+// Lock describes the lease of the component migrating the schema
+// (ReadLock).
+type Lock struct {
 	Holder     uuid.UUID // the migrator's lease id
 	HolderInfo string    // its component and runtime info
 	AcquiredAt time.Time
@@ -196,11 +207,11 @@ type MigrationLock struct {
 }
 
 // readMigrationLock returns the lease, or nil if nobody holds one.
-func readMigrationLock(ctx context.Context, db *sql.DB) (*MigrationLock, error) {
-	var l MigrationLock
+func readMigrationLock(ctx context.Context, db *sql.DB) (*Lock, error) {
+	var l Lock
 	err := db.QueryRowContext(ctx, readMigrationLockSQL).Scan(&l.Holder, &l.HolderInfo, &l.AcquiredAt, &l.Deadline, &l.Live)
 	switch {
-	case errors.Is(err, sql.ErrNoRows) || sqlState(err) == codeUndefinedTable:
+	case errors.Is(err, sql.ErrNoRows) || dbconn.SQLState(err) == dbconn.CodeUndefinedTable:
 		return nil, nil
 	case err != nil:
 		return nil, err
@@ -216,13 +227,13 @@ func readMigrationLock(ctx context.Context, db *sql.DB) (*MigrationLock, error) 
 // waits up to one lease for the latter before deleting the row.
 func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
 	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
-		return fmt.Errorf("bmdb: creating schema_lock: %w", contextError(ctx, err))
+		return fmt.Errorf("bmdb: creating schema_lock: %w", dbconn.ContextError(ctx, err))
 	}
 	until := time.Now().Add(lease())
 	for {
 		var n int
 		if err := db.QueryRowContext(ctx, countCockroachLockSQL).Scan(&n); err != nil {
-			return fmt.Errorf("bmdb: reading schema_lock: %w", contextError(ctx, err))
+			return fmt.Errorf("bmdb: reading schema_lock: %w", dbconn.ContextError(ctx, err))
 		}
 		if n == 0 {
 			return nil
@@ -230,7 +241,7 @@ func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
 		if time.Now().After(until) {
 			klog.Warningf("bmdb: deleting golang-migrate's schema_lock row left by a migrator that is gone")
 			if _, err := db.ExecContext(ctx, clearCockroachLockSQL); err != nil {
-				return fmt.Errorf("bmdb: clearing schema_lock: %w", contextError(ctx, err))
+				return fmt.Errorf("bmdb: clearing schema_lock: %w", dbconn.ContextError(ctx, err))
 			}
 			return nil
 		}
@@ -240,13 +251,13 @@ func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
 	}
 }
 
-// ReadMigrationLock returns the migration lease of the database at dsn, or
-// nil if no migrator holds one. It takes no lock.
-func ReadMigrationLock(ctx context.Context, dsn string) (*MigrationLock, error) {
-	var lock *MigrationLock
-	err := withAdminPool(ctx, dsn, func(db *sql.DB, _ engine) error {
+// ReadLock returns the migration lease of the database, or nil if no
+// migrator holds one. It takes no lock.
+func ReadLock(ctx context.Context, t Target) (*Lock, error) {
+	var lock *Lock
+	err := withMigrationPool(ctx, t, func(mp *migrationPool) error {
 		var err error
-		lock, err = readMigrationLock(ctx, db)
+		lock, err = readMigrationLock(ctx, mp.db)
 		if err != nil {
 			return fmt.Errorf("bmdb: reading the migration lock: %w", err)
 		}
@@ -255,19 +266,19 @@ func ReadMigrationLock(ctx context.Context, dsn string) (*MigrationLock, error) 
 	return lock, err
 }
 
-// ClearMigrationLock deletes the migration lease and golang-migrate's
-// cockroachdb lock row of the database at dsn, live or not, and reports
-// whether there was anything to delete. It is an operator's override: a
-// migrator still running loses its lock and another may start beside it.
-func ClearMigrationLock(ctx context.Context, dsn string) (bool, error) {
+// ClearLock deletes the migration lease and golang-migrate's cockroachdb
+// lock row of the database, live or not, and reports whether there was
+// anything to delete. It is an operator's override: a migrator still
+// running loses its lock and another may start beside it.
+func ClearLock(ctx context.Context, t Target) (bool, error) {
 	var cleared bool
-	err := withAdminPool(ctx, dsn, func(db *sql.DB, _ engine) error {
-		lease, err := db.ExecContext(ctx, clearMigrationLockSQL)
+	err := withMigrationPool(ctx, t, func(mp *migrationPool) error {
+		lease, err := mp.db.ExecContext(ctx, clearMigrationLockSQL)
 		n, err := clearedRows(lease, err)
 		if err != nil {
 			return fmt.Errorf("bmdb: clearing the migration lock: %w", err)
 		}
-		driverLock, err := db.ExecContext(ctx, clearCockroachLockSQL)
+		driverLock, err := mp.db.ExecContext(ctx, clearCockroachLockSQL)
 		m, err := clearedRows(driverLock, err)
 		if err != nil {
 			return fmt.Errorf("bmdb: clearing golang-migrate's schema_lock: %w", err)

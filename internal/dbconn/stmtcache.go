@@ -1,4 +1,4 @@
-package bmdb
+package dbconn
 
 import (
 	"container/list"
@@ -30,16 +30,17 @@ import (
 // or it was deallocated (DEALLOCATE or DISCARD ALL, which drop them all).
 // The statement (all of them, if deallocated) is then dropped from the
 // cache. Outside a transaction the call is run again at once; inside one
-// the transaction is aborted, and the error wraps errStaleStatement, which
+// the transaction is aborted, and the error wraps ErrStaleStatement, which
 // bmdb's transactions retry like a serialization failure. A statement
 // that fails otherwise, for a reason its prepared form may hold (its
 // parameter types, fixed when it was prepared, after an ALTER COLUMN
 // TYPE, say), is dropped too and prepared anew on its next use; the error
 // is returned as it is.
 
-// errStaleStatement marks the failure of a cached prepared statement that
-// went stale; the next call prepares the statement again.
-var errStaleStatement = errors.New("bmdb: cached prepared statement went stale (schema changed or statement deallocated)")
+// ErrStaleStatement marks the failure of a cached prepared statement that
+// went stale; the next call prepares the statement again, so the
+// transaction that got it may be retried.
+var ErrStaleStatement = errors.New("bmdb: cached prepared statement went stale (schema changed or statement deallocated)")
 
 // Error codes of a stale prepared statement.
 const (
@@ -171,7 +172,7 @@ func isStale(err error) bool {
 // prepared: the error says nothing about its prepared form (a constraint
 // violated, a serialization failure, a lock or a shutdown).
 func keepsStatement(err error) bool {
-	switch code := sqlState(err); {
+	switch code := SQLState(err); {
 	case code == "":
 		return false
 	case strings.HasPrefix(code, "23"), strings.HasPrefix(code, "40"),
@@ -199,19 +200,19 @@ func (c *conn) cachedStatement(ctx context.Context, query string) (driver.Stmt, 
 
 // staleError handles the failure of query's cached statement: if err says
 // the statement went stale, it drops it (every statement, if it was
-// deallocated) and returns err marked with errStaleStatement; otherwise it
+// deallocated) and returns err marked with ErrStaleStatement; otherwise it
 // drops it unless keepsStatement, and returns err as it is.
 func (c *conn) staleError(query string, err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case isStale(err):
-		if sqlState(err) == codeInvalidStatementName {
+		if SQLState(err) == codeInvalidStatementName {
 			c.cache.dropAll()
 		} else {
 			c.cache.drop(query)
 		}
-		return fmt.Errorf("%w: %w", errStaleStatement, err)
+		return fmt.Errorf("%w: %w", ErrStaleStatement, err)
 	case !keepsStatement(err):
 		c.cache.drop(query)
 	}
@@ -229,7 +230,7 @@ func runCached[T any](c *conn, ctx context.Context, query string, run func(st dr
 			return none, err
 		}
 		res, err := run(st)
-		if err = c.staleError(query, c.err(err)); err == nil || !again || !errors.Is(err, errStaleStatement) {
+		if err = c.staleError(query, c.err(err)); err == nil || !again || !errors.Is(err, ErrStaleStatement) {
 			return res, err
 		}
 	}
@@ -263,11 +264,11 @@ func (c *conn) queryCached(ctx context.Context, query string, args []driver.Name
 // which database/sql prepared on the connection once: if the statement
 // went stale, the connection is cut (closed, never pooled again) so that
 // the transaction's retry runs on another connection, where database/sql
-// prepares the statement anew; the error then wraps errStaleStatement.
+// prepares the statement anew; the error then wraps ErrStaleStatement.
 func (c *conn) retireIfStale(err error) error {
 	if err == nil || !isStale(err) {
 		return err
 	}
-	c.nc.cut(errStaleStatement)
-	return fmt.Errorf("%w: %w", errStaleStatement, err)
+	c.nc.cut(ErrStaleStatement)
+	return fmt.Errorf("%w: %w", ErrStaleStatement, err)
 }

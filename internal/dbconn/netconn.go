@@ -1,4 +1,4 @@
-package bmdb
+package dbconn
 
 import (
 	"context"
@@ -30,52 +30,75 @@ import (
 // cancel requests of its own (they would outlive the call). The server
 // notices the closed socket and rolls back what was open; a statement still
 // running there is bounded by client_connection_check_interval, lock_timeout
-// and idle_in_transaction_session_timeout, which connSettings sets.
+// and idle_in_transaction_session_timeout, which Settings sets.
 
-// connSettings are the server-side bounds set on each new connection.
-// Zero leaves a setting at the server's (or role's) default.
-type connSettings struct {
-	// lockTimeout bounds a statement's wait for a row lock.
-	lockTimeout time.Duration
-	// idleInTransaction ends a transaction (and its connection) left idle
+// Settings are the server-side bounds set on each new connection, and
+// what its statement cache keeps. Zero leaves a setting at the server's
+// (or role's) default.
+type Settings struct {
+	// LockTimeout bounds a statement's wait for a row lock.
+	LockTimeout time.Duration
+	// IdleInTransaction ends a transaction (and its connection) left idle
 	// this long, so that a stalled or partitioned client cannot hold locks
 	// past its lease.
-	idleInTransaction time.Duration
-	// connectionCheck is PostgreSQL's client_connection_check_interval:
+	IdleInTransaction time.Duration
+	// ConnectionCheck is PostgreSQL's client_connection_check_interval:
 	// how often a running statement checks that its client is still there.
-	connectionCheck time.Duration
+	ConnectionCheck time.Duration
+	// StmtCacheSize is how many statements with parameters each connection
+	// keeps prepared (stmtcache.go); 0: none.
+	StmtCacheSize int
+	// PinCockroach pins, on CockroachDB, the session settings bmdb relies
+	// on (pins.go).
+	PinCockroach bool
+	// EmulatedCockroach is cockroach mode: on a PostgreSQL server the pins
+	// are set as crdb.<name> placeholders, which PostgreSQL keeps.
+	EmulatedCockroach bool
 }
 
-// connector opens a pool's connections. It implements driver.Connector.
-type connector struct {
+// ErrMalformedDSN is wrapped by NewConnector's errors: the DSN does not
+// parse. The message does not contain the DSN's password.
+var ErrMalformedDSN = errors.New("bmdb: malformed DSN")
+
+// Connector opens a pool's connections. It implements driver.Connector.
+// Its methods are safe for concurrent use.
+type Connector struct {
 	pq       *pq.Connector
 	dialer   *dialer
 	timeout  time.Duration // bounds connecting when ctx has no deadline
-	settings connSettings
+	settings Settings
 	// base, if not nil, bounds every call of the pool: when it ends, every
 	// connection is cut (a migration pool, bounded by Open's ctx, whose
 	// driver uses context.Background()).
 	base   context.Context
-	faults *faults // nil: none
-	// stmtCacheSize is how many statements with parameters each connection
-	// keeps prepared (stmtcache.go); 0: none.
-	stmtCacheSize int
+	faults *Faults // nil: none
+	pins   pinState
 }
 
-// newConnector parses dsn for a pool whose connections are bounded as
-// described above. Errors wrap ErrInvalidArgument.
-func newConnector(dsn string, networkTimeout time.Duration, settings connSettings, faults *faults) (*connector, error) {
+// NewConnector parses dsn for a pool whose connections are bounded as
+// described above, with faults injected by f (nil: none). Errors wrap
+// ErrMalformedDSN.
+func NewConnector(dsn string, networkTimeout time.Duration, settings Settings, f *Faults) (*Connector, error) {
 	p, err := pq.NewConnector(dsn)
 	if err != nil {
-		return nil, invalidArgument("Config.DSN is malformed: %v", redactError(stripURLError(err), dsn))
+		return nil, fmt.Errorf("%w: %w", ErrMalformedDSN, RedactError(stripURLError(err), dsn))
 	}
 	d := newDialer(networkTimeout)
 	p.Dialer(d)
-	return &connector{pq: p, dialer: d, timeout: networkTimeout, settings: settings, faults: faults}, nil
+	return &Connector{pq: p, dialer: d, timeout: networkTimeout, settings: settings, faults: f}, nil
 }
 
+// Bound makes every call of c's pool end when ctx ends, whatever context
+// the call was given: a migration pool, whose driver uses
+// context.Background(), bounded by the ctx of Open. Call it before the
+// pool is opened.
+func (c *Connector) Bound(ctx context.Context) { c.base = ctx }
+
+// Faults returns c's fault injector, nil if none.
+func (c *Connector) Faults() *Faults { return c.faults }
+
 // Driver implements driver.Connector.
-func (c *connector) Driver() driver.Driver { return c.pq.Driver() }
+func (c *Connector) Driver() driver.Driver { return c.pq.Driver() }
 
 // dialSlot carries, through lib/pq's Connect, the context bounding the
 // connection attempt to the dialer, and the dialed socket back.
@@ -91,7 +114,7 @@ type dialSlotKey struct{}
 // handshake and applies the settings, all bounded by ctx (or by the
 // connector's timeout when ctx has no deadline, as for database/sql's
 // background openers) and by the pool's base context.
-func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
+func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
@@ -112,17 +135,17 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}()
 	raw, err := c.pq.Connect(context.WithValue(ctx, dialSlotKey{}, slot))
 	if err != nil {
-		return nil, contextError(ctx, abandoned(slot.conn, err))
+		return nil, ContextError(ctx, abandoned(slot.conn, err))
 	}
 	pc := raw.(pqConn)
-	cn := &conn{pq: pc, nc: slot.conn, faults: c.faults, cache: newStmtCache(c.stmtCacheSize)}
+	cn := &conn{pq: pc, nc: slot.conn, faults: c.faults, cache: newStmtCache(c.settings.StmtCacheSize)}
 	if cn.nc == nil { // not dialed by our dialer: cannot happen
 		pc.Close()
 		return nil, errors.New("bmdb: connection was not dialed by bmdb's dialer")
 	}
 	if err := c.apply(ctx, pc); err != nil {
 		cn.Close()
-		return nil, contextError(ctx, abandoned(cn.nc, err))
+		return nil, ContextError(ctx, abandoned(cn.nc, err))
 	}
 	if c.base != nil {
 		cn.unbase = cn.nc.watch(c.base)
@@ -130,33 +153,32 @@ func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
 	return cn, nil
 }
 
-// Statements applying connSettings: constant text, values as parameters.
+// Statements applying Settings: constant text, values as parameters.
 const (
-	setTimeoutsSQL   = "SELECT set_config('lock_timeout', $1, false), set_config('idle_in_transaction_session_timeout', $2, false)"
-	setConnCheckSQL  = "SELECT set_config('client_connection_check_interval', $1, false)"
-	codeUndefinedVar = "42704" // a setting this server does not have
+	setTimeoutsSQL  = "SELECT set_config('lock_timeout', $1, false), set_config('idle_in_transaction_session_timeout', $2, false)"
+	setConnCheckSQL = "SELECT set_config('client_connection_check_interval', $1, false)"
 )
 
 // apply sets c's settings on a new connection.
-func (c *connector) apply(ctx context.Context, pc pqConn) error {
+func (c *Connector) apply(ctx context.Context, pc pqConn) error {
 	s := c.settings
-	if s.lockTimeout > 0 || s.idleInTransaction > 0 {
+	if s.LockTimeout > 0 || s.IdleInTransaction > 0 {
 		args := []driver.NamedValue{
-			{Ordinal: 1, Value: settingValue(s.lockTimeout)},
-			{Ordinal: 2, Value: settingValue(s.idleInTransaction)},
+			{Ordinal: 1, Value: settingValue(s.LockTimeout)},
+			{Ordinal: 2, Value: settingValue(s.IdleInTransaction)},
 		}
 		if _, err := pc.ExecContext(context.Background(), setTimeoutsSQL, args); err != nil {
 			return fmt.Errorf("bmdb: setting lock and idle timeouts: %w", err)
 		}
 	}
-	if s.connectionCheck > 0 {
+	if s.ConnectionCheck > 0 {
 		// PostgreSQL 14 and later only; CockroachDB has no such setting.
-		args := []driver.NamedValue{{Ordinal: 1, Value: settingValue(s.connectionCheck)}}
-		if _, err := pc.ExecContext(context.Background(), setConnCheckSQL, args); err != nil && sqlState(err) != codeUndefinedVar {
+		args := []driver.NamedValue{{Ordinal: 1, Value: settingValue(s.ConnectionCheck)}}
+		if _, err := pc.ExecContext(context.Background(), setConnCheckSQL, args); err != nil && SQLState(err) != codeUndefinedVar {
 			return fmt.Errorf("bmdb: setting client_connection_check_interval: %w", err)
 		}
 	}
-	return nil
+	return c.pin(ctx, pc)
 }
 
 // settingValue renders d as a time setting both engines parse ("0" leaves
@@ -278,7 +300,7 @@ func (c *netConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
-// AbandonedError reports a call whose connection bmdb cut because the
+// AbandonedError reports a call whose connection the wrapper cut because the
 // call's context ended (Cause: its cause, e.g. context.DeadlineExceeded or
 // an error wrapping ErrSessionExpired); Err is what the driver reported.
 // The connection is closed, never reused. errors.Is matches both.
@@ -327,13 +349,17 @@ type pqConn interface {
 type conn struct {
 	pq     pqConn
 	nc     *netConn
-	faults *faults
+	faults *Faults
 	unbase func() bool // stops the pool's base watch; nil if none
 	cache  *stmtCache  // nil: statements with parameters are not kept prepared
 
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
 	inTx bool
+	// txStart and txReads are the faults' record of the transaction: when
+	// it (or its last restart) began, and the session rows it read.
+	txStart time.Time
+	txReads []string
 }
 
 var (
@@ -395,13 +421,17 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, c.err(err)
 	}
 	c.inTx = true
+	c.faults.begin(c)
 	return &tx{c: c, pq: t, stop: stop}, nil
 }
 
 // ExecContext implements driver.ExecerContext.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if err := c.faults.statement(c, query); err != nil {
+	if err := c.faults.statement(ctx, c, query, args); err != nil {
 		return nil, err
+	}
+	if c.faults.splits() && !c.inTx && len(args) == 0 {
+		return c.execSplit(ctx, query)
 	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
 		return c.execCached(ctx, query, args)
@@ -415,7 +445,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext implements driver.QueryerContext. ctx bounds the call and
 // the reading of its rows.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if err := c.faults.statement(c, query); err != nil {
+	if err := c.faults.statement(ctx, c, query, args); err != nil {
 		return nil, err
 	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
@@ -518,7 +548,7 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext implements driver.StmtExecContext.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if err := s.c.faults.statement(s.c, s.query); err != nil {
+	if err := s.c.faults.statement(ctx, s.c, s.query, args); err != nil {
 		return nil, err
 	}
 	stop := s.c.nc.watch(ctx)
@@ -529,7 +559,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext implements driver.StmtQueryContext.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if err := s.c.faults.statement(s.c, s.query); err != nil {
+	if err := s.c.faults.statement(ctx, s.c, s.query, args); err != nil {
 		return nil, err
 	}
 	stop := s.c.nc.watch(ctx)
@@ -617,12 +647,13 @@ func stripURLError(err error) error {
 	return err
 }
 
-// openPool returns a pool over c that has connected once within ctx.
-func openPool(ctx context.Context, c *connector, dsn string) (*sql.DB, error) {
+// OpenPool returns a pool over c that has connected once within ctx. Its
+// errors do not contain dsn's password.
+func OpenPool(ctx context.Context, c *Connector, dsn string) (*sql.DB, error) {
 	db := sql.OpenDB(c)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("bmdb: connecting to %s: %w", redactDSN(dsn), redactError(contextError(ctx, err), dsn))
+		return nil, fmt.Errorf("bmdb: connecting to %s: %w", RedactDSN(dsn), RedactError(ContextError(ctx, err), dsn))
 	}
 	return db, nil
 }

@@ -1,6 +1,6 @@
 //go:build !linux
 
-package bmdb
+package dbconn
 
 import (
 	"syscall"

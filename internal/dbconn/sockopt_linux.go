@@ -1,4 +1,4 @@
-package bmdb
+package dbconn
 
 import (
 	"strings"

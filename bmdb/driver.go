@@ -1,0 +1,61 @@
+package bmdb
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
+)
+
+// bmdb reaches the database through its driver wrapper, package
+// internal/dbconn; these are the names it uses of it.
+
+// AbandonedError reports a call whose connection bmdb cut because the
+// call's context ended (Cause: its cause, e.g. context.DeadlineExceeded or
+// an error wrapping ErrSessionExpired); Err is what the driver reported.
+// The connection is closed, never reused. errors.Is matches both.
+type AbandonedError = dbconn.AbandonedError
+
+type (
+	connector    = dbconn.Connector
+	connSettings = dbconn.Settings
+	faults       = dbconn.Faults
+)
+
+// Error codes bmdb reacts to (dbconn.Code*).
+const (
+	codeSerializationFailure       = dbconn.CodeSerializationFailure
+	codeDeadlockDetected           = dbconn.CodeDeadlockDetected
+	codeLockNotAvailable           = dbconn.CodeLockNotAvailable
+	codeUniqueViolation            = dbconn.CodeUniqueViolation
+	codeForeignKeyViolation        = dbconn.CodeForeignKeyViolation
+	codeUndefinedTable             = dbconn.CodeUndefinedTable
+	codeStatementCompletionUnknown = dbconn.CodeStatementCompletionUnknown
+
+	sqlRelease = dbconn.SQLRelease
+)
+
+var errStaleStatement = dbconn.ErrStaleStatement
+
+// newConnector is dbconn.NewConnector, whose malformed DSN is an invalid
+// argument.
+func newConnector(dsn string, networkTimeout time.Duration, settings connSettings, f *faults) (*connector, error) {
+	c, err := dbconn.NewConnector(dsn, networkTimeout, settings, f)
+	if err != nil {
+		return nil, malformedDSN(err)
+	}
+	return c, nil
+}
+
+// malformedDSN restates dbconn's ErrMalformedDSN as an invalid
+// Config.DSN (bmdbctl restates that in terms of its flags).
+func malformedDSN(err error) error {
+	return invalidArgument("Config.DSN is malformed: %s", strings.TrimPrefix(err.Error(), dbconn.ErrMalformedDSN.Error()+": "))
+}
+
+func isRetryable(err error) bool                        { return dbconn.IsRetryable(err) }
+func sqlState(err error) string                         { return dbconn.SQLState(err) }
+func contextError(ctx context.Context, err error) error { return dbconn.ContextError(ctx, err) }
+func redactDSN(dsn string) string                       { return dbconn.RedactDSN(dsn) }
+func redactError(err error, dsn string) error           { return dbconn.RedactError(err, dsn) }

@@ -1,0 +1,108 @@
+package bmdb
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testdb"
+)
+
+// closedTimestamp returns a Config modifier forcing cockroach mode with
+// the emulated closed timestamp at target and no random injection.
+func closedTimestamp(target time.Duration) func(*Config) {
+	return func(c *Config) {
+		c.cockroachMode = &crdbmode.Settings{Enabled: true, ClosedTimestamp: target}
+	}
+}
+
+// outliveHeartbeat waits, inside a transaction, until the session's
+// heartbeat has rewritten its row and at least min has passed.
+func (e *env) outliveHeartbeat(s *Session, min time.Duration) {
+	e.t.Helper()
+	start := time.Now()
+	var before time.Time
+	if err := e.db.QueryRow("SELECT deadline FROM sessions WHERE session_id = $1", s.ID()).Scan(&before); err != nil {
+		e.t.Fatal(err)
+	}
+	testdb.Eventually(e.t, 5*time.Second, "a heartbeat during the transaction", func() bool {
+		var now time.Time
+		if err := e.db.QueryRow("SELECT deadline FROM sessions WHERE session_id = $1", s.ID()).Scan(&now); err != nil {
+			e.t.Fatal(err)
+		}
+		return now.After(before) && time.Since(start) > min
+	})
+}
+
+// A transaction older than the closed timestamp, whose session row a
+// heartbeat rewrote meanwhile, fails its read refresh on CockroachDB on
+// every attempt (emulated in cockroach mode: 40001 at RELEASE). Without a
+// bound it ends, after every attempt ran as long, in
+// RetriesExhaustedError; with Config.MaxTransactionDuration it ends at
+// once with ErrTransactionTooLong, nothing committed. (Before, there was
+// no bound: every such transaction ran MaxTxAttempts times and failed
+// with retries exhausted.)
+func TestCockroachTransactionOlderThanClosedTimestamp(t *testing.T) {
+	e := newEnv(t)
+	testdb.SkipOnCockroach(t, "emulates the closed timestamp at 300ms; the cluster's is 3s")
+	var runs int
+	long := func(s *Session, m uuid.UUID) func(tx *Tx) error {
+		return func(tx *Tx) error {
+			runs++
+			if _, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO machines (machine_id) VALUES ($1)", m); err != nil {
+				return err
+			}
+			e.outliveHeartbeat(s, 400*time.Millisecond)
+			return nil
+		}
+	}
+
+	unbounded := e.open(closedTimestamp(300*time.Millisecond), func(c *Config) {
+		c.MaxTransactionDuration = -1
+		c.MaxTxAttempts = 2
+	})
+	s := e.session(unbounded)
+	m := uuid.New()
+	refreshes := crdbmode.InjectedRefresh.Load()
+	err := s.Transact(context.Background(), long(s, m))
+	// The restart after the failed refresh fails too: on CockroachDB it
+	// runs as long and fails its refresh again; on PostgreSQL (cockroach
+	// mode) it keeps the first attempt's snapshot, so its session check
+	// meets the heartbeat's update at once.
+	var exhausted *RetriesExhaustedError
+	if !errors.As(err, &exhausted) || sqlState(exhausted.Last) != codeSerializationFailure || crdbmode.InjectedRefresh.Load() == refreshes {
+		t.Fatalf("unbounded: Transact = %v after %d runs, want retries exhausted after a failed refresh", err, runs)
+	}
+
+	bounded := e.open(closedTimestamp(300*time.Millisecond), func(c *Config) {
+		c.MaxTransactionDuration = 200 * time.Millisecond
+		c.MaxTxAttempts = 2
+	})
+	s = e.session(bounded)
+	runs = 0
+	err = s.Transact(context.Background(), long(s, m))
+	if !errors.Is(err, ErrTransactionTooLong) {
+		t.Fatalf("bounded: Transact = %v, want ErrTransactionTooLong", err)
+	}
+	if runs != 1 {
+		t.Errorf("bounded: %d attempts, want 1 (an attempt as long would fail again)", runs)
+	}
+	if n := e.count("SELECT count(*) FROM machines WHERE machine_id = $1", m); n != 0 {
+		t.Errorf("%d machines committed", n)
+	}
+
+	// A short transaction commits: nothing pushes its commit timestamp
+	// past a heartbeat's write.
+	m2 := uuid.New()
+	err = s.Transact(context.Background(), func(tx *Tx) error {
+		_, err := tx.DBTX().ExecContext(context.Background(), "INSERT INTO machines (machine_id) VALUES ($1)", m2)
+		return err
+	})
+	if err != nil || e.count("SELECT count(*) FROM machines WHERE machine_id = $1", m2) != 1 {
+		t.Errorf("short transaction: %v", err)
+	}
+}
