@@ -186,7 +186,7 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 
 // takeOver supersedes the expired session holding (machine, process): it
 // locks the session row, ends all its claims as Abandoned and deletes it
-// (see "Fencing" in the package doc for how this orders the holder's open
+// (see Mechanism in the package doc for how this orders the holder's open
 // transactions). It returns the processes of the claims ended, or nil if
 // holder is alive or gone by now.
 func (s *Session) takeOver(ctx context.Context, tx *Tx, process string, machine, holder uuid.UUID) ([]string, error) {

@@ -70,7 +70,7 @@ func (w *Work) FencingToken() int64 { return w.token }
 // row. If there is none, a claim left by an expired session does not
 // block: the same transaction deletes that session, recording each of its
 // claims as Abandoned, and takes the first such candidate over (see
-// "Fencing" in the package doc for why the expired holder then commits
+// Mechanism in the package doc for why the expired holder then commits
 // nothing).
 //
 // retrieve should read only; it may run several times (see Transact). It

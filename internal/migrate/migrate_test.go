@@ -66,8 +66,8 @@ func TestCockroachHalfAppliedMigrationRecovers(t *testing.T) {
 	if err := Up(ctx, cockroach(dsn, 0), "next"); err != nil {
 		t.Fatalf("Up after the half-applied migration: %v", err)
 	}
-	if v, err := ReadVersion(ctx, db, src); err != nil || v != (Version{Version: 12}) {
-		t.Fatalf("version after recovery = %+v, %v; want 12, clean", v, err)
+	if v, err := ReadVersion(ctx, db, src); err != nil || v.Dirty || v.Version < 12 {
+		t.Fatalf("version after recovery = %+v, %v; want 12 or later, clean", v, err)
 	}
 	db.QueryRow("SELECT count(*) FROM bmdb_schema_compat WHERE version = 12").Scan(&compat)
 	if compat != 1 {

@@ -163,7 +163,7 @@ FOR NO KEY UPDATE SKIP LOCKED
 // superseded by another transaction (a takeover or GC), which it skips
 // rather than wait for. The lock (NO KEY UPDATE) does not conflict with
 // the expired session's own transactions; the DELETE that follows does
-// (see "Fencing" in bmdb's package doc).
+// (see Mechanism in bmdb's package doc).
 func (q *Queries) SessionLockIfExpired(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionLockIfExpiredStmt, sessionLockIfExpired, sessionID)
 	var session_id uuid.UUID

@@ -58,7 +58,12 @@ func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
 	}
 	cleanUp()
 	if code == 0 {
-		if err := goleak.Find(goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1")); err != nil {
+		// golang-migrate prefetches the next migration into a pipe; when a
+		// migration fails half-way (the half-applied migration tests) and
+		// a later one exists, that goroutine stays blocked on the pipe
+		// (golang-migrate has no way to stop it). One per failed run.
+		if err := goleak.Find(goleak.IgnoreTopFunction("k8s.io/klog/v2.(*flushDaemon).run.func1"),
+			goleak.IgnoreAnyFunction("github.com/golang-migrate/migrate/v4.(*Migration).Buffer")); err != nil {
 			fmt.Fprintf(os.Stderr, "testdb: goroutines leaked: %v\n", err)
 			code = 1
 		}

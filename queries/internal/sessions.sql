@@ -91,7 +91,7 @@ FOR UPDATE;
 -- superseded by another transaction (a takeover or GC), which it skips
 -- rather than wait for. The lock (NO KEY UPDATE) does not conflict with
 -- the expired session's own transactions; the DELETE that follows does
--- (see "Fencing" in bmdb's package doc).
+-- (see Mechanism in bmdb's package doc).
 SELECT session_id FROM sessions
 WHERE session_id = sqlc.arg(session_id) AND deadline <= statement_timestamp()
 FOR NO KEY UPDATE SKIP LOCKED;
