@@ -49,7 +49,7 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds of the throughput table, interleaving floor, bmdb and River; the median is reported")
 	flag.StringVar(&pk, "pick", string(pickShuffle), "how bmdb workers choose among candidates: first, shuffle or offset")
 	flag.IntVar(&c.candidates, "candidates", 16, "candidates per retrieval (and the offset range of -pick offset)")
-	flag.IntVar(&c.batch, "batch", 32, "machines per WorkBatch/FinishAll transaction in the bmdb batch column (1: no batch column)")
+	flag.IntVar(&c.batch, "batch", 32, "machines per WorkBatch and batched Finishes (one BatchCommit) in the bmdb batch column (1: no batch column)")
 	flag.StringVar(&scale, "scale", "10000,1000000", "machine counts of the scale run")
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
@@ -268,7 +268,7 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 				group bool
 			}{
 				{loop, "loop", 1, false},
-				{loopGroup, "loop with Commit", 1, true},
+				{loopGroup, "loop with CommitBatch", 1, true},
 				{loop2, "loop 2 processes", 2, false},
 			}
 			for _, l := range loops {
@@ -305,7 +305,7 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 	}
 	t.flush()
 	if cfg.batch > 1 {
-		fmt.Printf("\n== Throughput with batches: WorkBatch/FinishAll of %d machines, M=%d, median of %d rounds ==\n", cfg.batch, cfg.machines, cfg.rounds)
+		fmt.Printf("\n== Throughput with batches: WorkBatch and batched Finishes of %d machines, M=%d, median of %d rounds ==\n", cfg.batch, cfg.machines, cfg.rounds)
 		t := newTable(os.Stdout, "N", "floor items/s", "batch items/s", "River jobs/s", "batch/floor", "batch/River",
 			"tx/item", "retries", "claim p50", "claim p99")
 		for _, n := range cfg.workers {
@@ -316,10 +316,10 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 		t.flush()
 	}
 	fmt.Printf("\n== worker.Loop, the default path: a handler per machine, N handlers, a commit callback per machine; "+
-		"with Commit: one statement commits every machine of an end transaction (worker.Config.Commit); "+
+		"with CommitBatch: one statement commits every machine of a batch (worker.Config.CommitBatch); "+
 		"2 processes: two Connections with N/2 handlers each; M=%d, median of %d rounds ==\n", cfg.machines, cfg.rounds)
 	lt := newTable(os.Stdout, "N", "floor items/s", "loop items/s", "River jobs/s", "loop/River", "tx/item", "retries/item",
-		"with Commit items/s", "with Commit/River", "2 procs items/s", "2 procs/River", "2 procs retries/item")
+		"with CommitBatch items/s", "with CommitBatch/River", "2 procs items/s", "2 procs/River", "2 procs retries/item")
 	for _, n := range cfg.workers {
 		f, l, r, lg := median(floor[n]), median(loop[n]), median(rv[n]), median(loopGroup[n])
 		two, twoRatio, twoRetries := "-", "-", "-"

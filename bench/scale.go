@@ -27,19 +27,25 @@ SELECT machine_id, $1, $2 FROM bench_pending WHERE seq % 100 = 7`
 )
 
 // The statements of a claim, for EXPLAIN: bmdb's SessionCheck and
-// WorkClaimMany (the claim; WorkClaimState runs only when it claims nothing)
-// and Finish's WorkFinish, copied from queries/sessions.sql and
-// queries/work.sql (keep in sync), and the bench's retrieveSQL.
+// WorkClaimMany (the claim; WorkClaimStates runs only when it claims
+// nothing) and Finish's WorkFinishMany, simplified copies (no fencing
+// token, no component) of queries/internal/sessions.sql and work.sql (keep
+// in sync), and the bench's retrieveSQL.
 const (
 	sessionCheckSQL = `SELECT session_id FROM sessions WHERE session_id = $1 AND deadline > now()`
 	workClaimSQL    = `
-WITH claim AS (
+WITH locked AS (
+    SELECT m.machine_id FROM machines m
+    WHERE m.machine_id = ANY ($1::UUID[])
+    ORDER BY m.machine_id
+    FOR NO KEY UPDATE SKIP LOCKED
+), claim AS (
     INSERT INTO work (machine_id, process, session_id)
-    SELECT c.machine_id, $2::TEXT, $3::UUID
-    FROM unnest($1::UUID[]) AS c (machine_id)
+    SELECT locked.machine_id, $2::TEXT, $3::UUID
+    FROM locked
     WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = c.machine_id AND b.process = $2::TEXT AND b.until > now()
+        WHERE b.machine_id = locked.machine_id AND b.process = $2::TEXT AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
@@ -51,11 +57,12 @@ RETURNING work_history.machine_id, work_history.claim_id`
 	workFinishSQL = `
 WITH ended AS (
     DELETE FROM work
-    WHERE work.machine_id = $1 AND work.process = $2 AND work.session_id = $3 AND work.claim_id = $4
+    WHERE work.process = $2::TEXT AND work.session_id = $3::UUID
+      AND work.machine_id = ANY ($1::UUID[]) AND work.claim_id = ANY ($4::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), cleared AS (
     DELETE FROM work_backoff
-    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended) AND work_backoff.process = $2
+    WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended) AND work_backoff.process = $2::TEXT
     RETURNING work_backoff.machine_id
 )
 INSERT INTO work_history (machine_id, process, session_id, event, component_name, claim_id)
@@ -154,8 +161,8 @@ func explainClaim(ctx context.Context, db *sql.DB, process, session string) ([]p
 		{"WorkClaimMany", func() (*sql.Rows, error) {
 			return tx.QueryContext(ctx, explainPrefix+workClaimSQL, pq.Array([]string{machine}), process, session)
 		}},
-		{"WorkFinish", func() (*sql.Rows, error) {
-			return tx.QueryContext(ctx, explainPrefix+workFinishSQL, machine, process, session, uuid.NewString())
+		{"WorkFinishMany", func() (*sql.Rows, error) {
+			return tx.QueryContext(ctx, explainPrefix+workFinishSQL, pq.Array([]string{machine}), process, session, pq.Array([]string{uuid.NewString()}))
 		}},
 	}
 	var plans []plan

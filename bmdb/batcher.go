@@ -294,7 +294,7 @@ func (b *batcher) transact(bound *batchBound, reqs *[]*request) error {
 //     suspect gets the error; several (a BatchCommit's) run again one by
 //     one. The other requests run again as a batch.
 //   - A statement failed for a reason any request may have caused (a
-//     machine that does not exist): each runs again alone.
+//     constraint an application added, say): each runs again alone.
 //   - Claims and ends ran out of retries together: the claims fail, the
 //     ends run again as a batch of their own (ends free machines).
 func (b *batcher) settle(ctx context.Context, reqs []*request, err error) {

@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 )
 
-// latch is a callback's wait, for holding a group's transaction open while
+// latch is a callback's wait, for holding a batch's transaction open while
 // other calls queue behind it.
 type latch struct {
 	ch      chan struct{}
@@ -494,7 +494,7 @@ func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
 // A session's Finish and Work calls for one process that wait together
 // share one transaction, the end first: the machine finished is free for
 // the claim, and a failing commit callback fails only its Finish while the
-// claim that shared its group still commits.
+// claim that shared its batch still commits.
 func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	e, c, s := batchEnv(t)
 	a, b, x := e.machine(), e.machine(), e.machine()
@@ -537,7 +537,7 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	}
 
 	// A failing commit callback fails only its Finish; the Work of the
-	// same group claims b.
+	// same batch claims b.
 	boom := errors.New("boom")
 	o = run(func(ctx context.Context) error {
 		return wb.Finish(ctx, func(*Tx) error { return boom })
@@ -553,10 +553,10 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	}
 }
 
-// When the COMMIT of a group of an end and a claim is ambiguous and the
+// When the COMMIT of a batch of an end and a claim is ambiguous and the
 // claim is found held, the transaction committed: the Finish returns nil,
 // not ErrAmbiguousCommit, and the Work its machine.
-func TestAmbiguousGroupWithAClaimHeldCommittedItsEnds(t *testing.T) {
+func TestAmbiguousBatchWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	e := newWorkEnv(t)
 	// A long interval: no heartbeat commits while the hook is armed.
 	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
@@ -581,11 +581,11 @@ func TestAmbiguousGroupWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	release := behindHeldClaim(t, s, x,
 		func() { finishErr = wa.Finish(context.Background(), tagCommit(a)) },
 		func() { wb, claimErr = s.Work(context.Background(), "install", retrieveAll(b)) })
-	pass.Store(1) // the held claim's commit, then the group's
+	pass.Store(1) // the held claim's commit, then the batch's
 	armed.Store(true)
 	release()
 	if armed.Load() {
-		t.Fatal("the group's COMMIT was not made ambiguous")
+		t.Fatal("the batch's COMMIT was not made ambiguous")
 	}
 	if finishErr != nil || claimErr != nil || wb.Machine() != b {
 		t.Fatalf("Finish: %v; Work: %v, %v; want nil and b", finishErr, wb, claimErr)

@@ -35,8 +35,8 @@ type claim struct {
 // statement, claims for each the first of its candidates that no other
 // request took and that are free, up to its limit; then takes a claim of
 // an expired session over for each request left with none. A request's
-// ErrNothingToDo or ErrWorkConflict is its own outcome; any other error
-// fails the transaction.
+// ErrNothingToDo, ErrWorkConflict or ErrUnknownMachine is its own outcome;
+// any other error fails the transaction.
 func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []*request) error {
 	candidates := make([][]uuid.UUID, len(reqs))
 	for i, r := range reqs {
@@ -98,7 +98,7 @@ func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []
 		}
 		got, abandoned, err := s.takeOverFirst(ctx, tx, process, rest)
 		switch {
-		case errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrWorkConflict):
+		case errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrWorkConflict) || errors.Is(err, ErrUnknownMachine):
 			c.err = err
 		case err != nil:
 			return err
@@ -140,7 +140,8 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 // expired session, or says why no candidate can be claimed: ErrWorkConflict
 // if one is claimed by a live session or being claimed by another
 // transaction (machines another process is working on), ErrNothingToDo if
-// all are in backoff. It reads the candidates' states in one statement,
+// all are in backoff, ErrUnknownMachine if one is not a machine. It reads
+// the candidates' states in one statement,
 // and returns the processes of the claims it ended as Abandoned.
 func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, []string, error) {
 	if len(candidates) == 0 {
@@ -149,6 +150,11 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 	states, err := tx.q.WorkClaimStates(ctx, store.WorkClaimStatesParams{MachineIds: candidates, Process: process})
 	if err != nil {
 		return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
+	}
+	for i, state := range states {
+		if !state.Known {
+			return claim{}, nil, fmt.Errorf("%w: retrieve returned %s for %q, which is not in the machines table", ErrUnknownMachine, candidates[i], process)
+		}
 	}
 	conflict := false
 	for i, state := range states {

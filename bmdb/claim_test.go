@@ -288,22 +288,30 @@ func TestProcessesShareCandidatesFairly(t *testing.T) {
 		}
 		t.Logf("process %d: %d machines, stats %+v", i, done[i].Load(), st)
 	}
-	if gated && retries > machines/20 {
-		t.Errorf("%d serialization retries for %d machines, want at most 0.05 per machine", retries, machines)
+	// A few retries turn each process's gate on; then none.
+	if gated && retries > 2*k+machines/20 {
+		t.Errorf("%d serialization retries for %d machines, want at most %d", retries, machines, 2*k+machines/20)
 	}
 	if n := waits.Load(); gated && n != 0 {
 		t.Errorf("claim statements seen waiting on a lock %d times", n)
 	}
 }
 
-// On PostgreSQL a batch waits for the claim gate held by another process's
-// batch, and then sees that batch's claims: it takes another machine with
-// no serialization failure.
+// On PostgreSQL, with the claim gate on, a batch waits for the gate held
+// by another process's batch, and then sees that batch's claims: it takes
+// another machine with no serialization failure. The gate is off until a
+// batch meets another's.
 func TestClaimGateSerialisesProcesses(t *testing.T) {
 	if testdb.Cockroach() || testdb.CockroachMode() {
 		t.Skip("CockroachDB takes no claim gate")
 	}
 	e, c1, c2, s1, s2, gate, gated := twoProcesses(t, func(c *Config) { c.ClaimConcurrency = 0 })
+	if c1.gateUntil.Load() != 0 {
+		t.Fatal("the gate is on before any batch met another")
+	}
+	for _, c := range []*Connection{c1, c2} { // as after a serialization failure
+		c.gateUntil.Store(time.Now().Add(time.Hour).UnixNano())
+	}
 	a, b := e.machine(), e.machine()
 	id := s1.ID()
 	gated.Store(&id)

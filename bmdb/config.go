@@ -121,13 +121,16 @@ type Config struct {
 	// connection run at once; the others wait their turn (ctx-aware), ends
 	// first. On PostgreSQL, SERIALIZABLE tracks reads of the small, hot work
 	// index per page, so concurrent claim transactions abort each other
-	// whatever machines they touch: 0 means 1 there, and with 0 or 1 they
-	// are also serialized across connections (every process's) by a lock of
-	// the claim_gate table, taken before the transaction's snapshot, so
-	// that processes neither abort each other nor miss each other's
-	// claims. A transaction stalled while it holds the gate delays every
-	// process's claims and ends by up to lock_timeout (then they retry),
-	// until the server ends it (idle_in_transaction_session_timeout).
+	// whatever machines they touch: 0 means 1 there. With 0 or 1, once a
+	// batch transaction of the connection has failed with a serialization
+	// error (another process's ran beside it), its batch transactions also
+	// take a lock of the claim_gate table for the next 30 s, before their
+	// snapshot, which serializes them with every other process's that do:
+	// processes then neither abort each other nor miss each other's
+	// claims, and a process alone pays nothing for it. A transaction
+	// stalled while it holds the gate delays the gated processes' claims
+	// and ends by up to lock_timeout (then they retry), until the server
+	// ends it (idle_in_transaction_session_timeout).
 	// On CockroachDB, whose conflicts are per key, 0 means no bound and no
 	// gate. Negative means no bound and no gate on either. Session.Transact
 	// is never bounded.

@@ -52,9 +52,13 @@ type Connection struct {
 	prepared *store.Queries
 	// faults injects CockroachDB's errors in cockroach mode; nil: none.
 	faults *faults
-	// claimGate: batch transactions take the claim gate first
+	// claimGate: batch transactions may take the claim gate
 	// (PostgreSQL, ClaimConcurrency 0 or 1). Set by Open.
 	claimGate bool
+	// gateUntil is when the claim gate turns off again (UnixNano): batch
+	// transactions take it only for gateHold after one of them failed
+	// with a serialization error. Written and read by any goroutine.
+	gateUntil atomic.Int64
 	// claimSlots bounds concurrent claim transactions (ClaimConcurrency);
 	// nil: no bound.
 	claimSlots *slots

@@ -111,7 +111,7 @@
 // (ErrWorkLost); a retrieve or commit callback that fails or panics fails
 // (or panics) only its own call, on the caller's goroutine, and the rest
 // of the batch runs again without it; a statement error any call may have
-// caused (ErrUnknownMachine) runs each call again alone; when claims and
+// caused runs each call again alone; when claims and
 // ends run out of retries together, the ends run again on their own. After
 // an ambiguous COMMIT the batch's claims are looked up: if any is held,
 // the batch committed. A call whose ctx ends while it waits leaves without
@@ -129,10 +129,11 @@
 // ErrWorkConflict, which tells "others hold or are taking these" from
 // ErrNothingToDo. On PostgreSQL, whose SERIALIZABLE aborts concurrent
 // claim transactions through the small work index whatever machines they
-// touch, batch transactions of every connection also take a table lock
-// (claim_gate) before their snapshot, so processes' batches run one at a
-// time and see each other's claims (Config.ClaimConcurrency). On
-// CockroachDB they run concurrently: its conflicts are per key.
+// touch, a connection whose batch failed with a serialization error then
+// has its batches take a table lock (claim_gate) before their snapshot for
+// a while, so processes' batches run one at a time and see each other's
+// claims (Config.ClaimConcurrency). On CockroachDB they run concurrently:
+// its conflicts are per key.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in
 // one WorkBatch, a handler's slot is free again as soon as its work is

@@ -20,6 +20,8 @@ import (
 //	bmdb_transaction_attempts_total, bmdb_transaction_retries_total{reason}
 //	bmdb_work_events_total{process, event}   Started, Finished, Failed, Canceled, Abandoned, BackoffCleared
 //	bmdb_work_conflicts_total{process}
+//	bmdb_work_nothing_to_do_total{process}
+//	bmdb_work_asked_total{process}           machines asked for by Work and WorkBatch (vs Started: claimed)
 //	bmdb_claim_duration_seconds{process}     (histogram of successful Work calls)
 //	bmdb_backoffs_total{process}
 type Metrics struct {
@@ -31,6 +33,8 @@ type Metrics struct {
 	txRetries         *prometheus.CounterVec
 	workEvents        *prometheus.CounterVec
 	workConflicts     *prometheus.CounterVec
+	workNothing       *prometheus.CounterVec
+	workAsked         *prometheus.CounterVec
 	claimSeconds      *prometheus.HistogramVec
 	backoffs          *prometheus.CounterVec
 }
@@ -60,7 +64,11 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "bmdb_work_events_total", Help: "Committed work history events by process and event."},
 			[]string{"component", "process", "event"}),
 		workConflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_work_conflicts_total", Help: "Work calls that found only machines claimed by live sessions."}, process),
+			Name: "bmdb_work_conflicts_total", Help: "Work calls that found only machines claimed, or being claimed, by other sessions."}, process),
+		workNothing: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bmdb_work_nothing_to_do_total", Help: "Work calls that found nothing to claim."}, process),
+		workAsked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "bmdb_work_asked_total", Help: "Machines asked for by Work and WorkBatch calls (their limits)."}, process),
 		claimSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "bmdb_claim_duration_seconds", Help: "Duration of successful Work calls, retries included.", Buckets: latency}, process),
 		backoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -69,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	if reg != nil {
 		for _, c := range []prometheus.Collector{
 			m.sessionsStarted, m.sessionsExpired, m.heartbeatSeconds, m.heartbeatFailures,
-			m.txAttempts, m.txRetries, m.workEvents, m.workConflicts, m.claimSeconds, m.backoffs,
+			m.txAttempts, m.txRetries, m.workEvents, m.workConflicts, m.workNothing, m.workAsked, m.claimSeconds, m.backoffs,
 		} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("bmdb: registering metrics: %w", err)
@@ -114,6 +122,14 @@ func (cm *componentMetrics) workEvents(processes []string, event store.WorkHisto
 
 func (cm *componentMetrics) conflict(process string) {
 	cm.m.workConflicts.WithLabelValues(cm.component, process).Inc()
+}
+
+func (cm *componentMetrics) nothingToDo(process string) {
+	cm.m.workNothing.WithLabelValues(cm.component, process).Inc()
+}
+
+func (cm *componentMetrics) asked(process string, n int) {
+	cm.m.workAsked.WithLabelValues(cm.component, process).Add(float64(n))
 }
 
 func (cm *componentMetrics) claimed(process string, seconds float64) {

@@ -86,6 +86,7 @@ func TestMetricsScrape(t *testing.T) {
 		`bmdb_work_events_total{component="test",event="Abandoned",process="install"} 1`,
 		`bmdb_work_events_total{component="test",event="BackoffCleared",process="install"} 1`,
 		`bmdb_work_conflicts_total{component="test",process="install"} 1`,
+		`bmdb_work_asked_total{component="test",process="install"} 5`,
 		`bmdb_backoffs_total{component="test",process="install"} 1`,
 		`bmdb_claim_duration_seconds_count{component="test",process="install"} 4`,
 	} {

@@ -119,7 +119,7 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...t
 		slots = nil
 	}
 	if opt.claimSlot && c.claimGate {
-		fn = gated(ctx, fn)
+		fn = c.gated(ctx, fn)
 	}
 	run := c.attemptPostgres
 	if c.engine == engineCockroach {
@@ -130,23 +130,36 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...t
 			return err
 		}
 		defer slots.release()
-		return run(ctx, a, fn)
+		err := run(ctx, a, fn)
+		if opt.claimSlot && c.claimGate && sqlState(err) == codeSerializationFailure {
+			// Another process's batch ran beside this one: gate them.
+			c.gateUntil.Store(time.Now().Add(gateHold).UnixNano())
+		}
+		return err
 	})
 }
 
 // sqlClaimGate is the first statement of a batch transaction on
-// PostgreSQL (migration 000013 explains the table). LOCK TABLE takes no
-// snapshot, so the transaction's snapshot, taken by its next statement,
-// sees every batch committed before it.
+// PostgreSQL while the gate is on (migration 000013 explains the table).
+// LOCK TABLE takes no snapshot, so the transaction's snapshot, taken by
+// its next statement, sees every batch committed before it.
 const sqlClaimGate = "LOCK TABLE claim_gate IN EXCLUSIVE MODE"
 
-// gated is fn behind the claim gate: it waits for the gate (at most
-// lock_timeout, then a retryable 55P03), which it holds until the
-// transaction ends.
-func gated(ctx context.Context, fn func(*Tx) error) func(*Tx) error {
+// gateHold is how long a connection's batch transactions take the claim
+// gate after one of them failed with a serialization error (another
+// process's batch ran beside it). Alone, a process pays nothing for the
+// gate; beside others, one retry per gateHold turns it back on.
+const gateHold = 30 * time.Second
+
+// gated is fn behind the claim gate while it is on: the attempt waits for
+// the gate (at most lock_timeout, then a retryable 55P03) and holds it
+// until the transaction ends.
+func (c *Connection) gated(ctx context.Context, fn func(*Tx) error) func(*Tx) error {
 	return func(tx *Tx) error {
-		if _, err := tx.tx.ExecContext(ctx, sqlClaimGate); err != nil {
-			return fmt.Errorf("bmdb: waiting for the claim gate: %w", err)
+		if time.Now().UnixNano() < c.gateUntil.Load() {
+			if _, err := tx.tx.ExecContext(ctx, sqlClaimGate); err != nil {
+				return fmt.Errorf("bmdb: waiting for the claim gate: %w", err)
+			}
 		}
 		return fn(tx)
 	}

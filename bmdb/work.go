@@ -84,7 +84,8 @@ func (w *Work) FencingToken() int64 { return w.token }
 // Work returns ErrNothingToDo when retrieve returns no candidate or only
 // candidates in backoff, ErrWorkConflict when the remaining candidates are
 // all claimed by live sessions (or by claims committing concurrently),
-// ErrUnknownMachine for a candidate that is not in the machines table, an
+// ErrUnknownMachine when none could be claimed and a candidate is not in
+// the machines table (a candidate that is not a machine is never claimed), an
 // error wrapping ErrInvalidArgument for a bad process name or a nil
 // retrieve, ctx's cause if ctx ends before its batch begins, and the errors
 // of Transact. If the claim's COMMIT was ambiguous, Work finds out which of
@@ -125,9 +126,13 @@ func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retr
 	}
 	s.conn.countClaims(limit, len(c.claims), err)
 	metrics := s.conn.metrics
+	metrics.asked(process, limit)
 	if err != nil {
-		if errors.Is(err, ErrWorkConflict) {
+		switch {
+		case errors.Is(err, ErrWorkConflict):
 			metrics.conflict(process)
+		case errors.Is(err, ErrNothingToDo):
+			metrics.nothingToDo(process)
 		}
 		return nil, err
 	}

@@ -456,7 +456,7 @@ func TestRetriedEndDoesNotEndANewerClaim(t *testing.T) {
 // made: if it rolled back and the session claimed the machine meanwhile in
 // another transaction, Work must not hand out a second Work for that claim.
 // (The other claim is inserted in SQL: a Work of the same session would
-// wait for this one's group.)
+// wait for this one's batch.)
 func TestAmbiguousClaimDoesNotAdoptAnotherClaim(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })

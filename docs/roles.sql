@@ -33,7 +33,7 @@ GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 GRANT SELECT, INSERT, UPDATE, DELETE ON
     machines, sessions, work, work_history, work_backoff, work_fencing
 TO bmdb_worker;
--- On PostgreSQL every batch transaction locks claim_gate (LOCK TABLE ... IN
+-- On PostgreSQL batch transactions may lock claim_gate (LOCK TABLE ... IN
 -- EXCLUSIVE MODE needs UPDATE); the table holds no rows.
 GRANT SELECT, UPDATE ON claim_gate TO bmdb_worker;
 -- work_history.id is a BIGSERIAL, whose sequence the worker draws from.

@@ -1,8 +1,10 @@
 -- 000013_claim_gate: the table whose lock serialises the batch
 -- transactions (claims and ends) of every connection on PostgreSQL. It
--- holds no rows: a batch transaction's first statement is LOCK TABLE
--- claim_gate IN EXCLUSIVE MODE, taken before the transaction's snapshot,
--- so that batches of different processes neither abort each other
+-- holds no rows: while a connection's batches meet another process's
+-- (a serialization failure turns it on for a while), a batch
+-- transaction's first statement is LOCK TABLE claim_gate IN EXCLUSIVE
+-- MODE, taken before the transaction's snapshot, so that batches of
+-- different processes neither abort each other
 -- (PostgreSQL's SERIALIZABLE tracks reads of the small, hot work index per
 -- page) nor miss each other's claims. Unused on CockroachDB, whose
 -- conflicts are per key (see Config.ClaimConcurrency).

@@ -494,8 +494,8 @@ func TestLoopFinishesWorkThatSucceedsLate(t *testing.T) {
 // The loop claims for all its free handlers in one transaction, runs the
 // handlers in parallel (never more than Concurrency), and bmdb commits their
 // concurrent ends together; a failure, and a commit that fails inside a
-// group, still end only their own machine.
-func TestLoopGroupsClaimsAndEnds(t *testing.T) {
+// batch, still end only their own machine.
+func TestLoopBatchesClaimsAndEnds(t *testing.T) {
 	e := newEnv(t, 40)
 	var mu sync.Mutex
 	attempts := map[uuid.UUID]int{}
@@ -541,7 +541,7 @@ func TestLoopGroupsClaimsAndEnds(t *testing.T) {
 	if m := most.Load(); m < 2 || m > 8 {
 		t.Errorf("at most %d handlers ran at once, want 2..8", m)
 	}
-	// Groups: the history rows one transaction writes share its now().
+	// Batches: the history rows one transaction writes share its now().
 	for _, event := range []string{"Started", "Finished"} {
 		if n := e.count(`SELECT max(c) FROM (SELECT count(*) AS c FROM work_history
 			WHERE event = $1 GROUP BY session_id, at) AS per_transaction`, event); n < 2 || n > 8 {
@@ -588,7 +588,7 @@ func TestLoopCommitBatch(t *testing.T) {
 
 // With one handler, the end of a machine and the claim of the next share a
 // transaction: the handler's slot is free once its Work returns, and the
-// claimer's WorkBatch joins the Finish's group. About one transaction per
+// claimer's WorkBatch joins the Finish's batch. About one transaction per
 // machine, not two.
 func TestLoopEndAndNextClaimShareATransaction(t *testing.T) {
 	const n = 30

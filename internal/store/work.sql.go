@@ -64,15 +64,11 @@ WITH locked AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
-    SELECT c.machine_id, $3::TEXT, $4::UUID, statement_timestamp()
-    FROM unnest($2::UUID[]) AS c (machine_id)
-    WHERE (
-        c.machine_id IN (SELECT locked.machine_id FROM locked)
-        -- not a machine: the foreign key fails the statement (ErrUnknownMachine)
-        OR NOT EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = c.machine_id)
-    ) AND NOT EXISTS (
+    SELECT locked.machine_id, $3::TEXT, $4::UUID, statement_timestamp()
+    FROM locked
+    WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = c.machine_id AND b.process = $3::TEXT
+        WHERE b.machine_id = locked.machine_id AND b.process = $3::TEXT
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
@@ -119,7 +115,8 @@ type WorkClaimManyRow struct {
 // conflict with the KEY SHARE locks that foreign keys to machines take
 // (an application's tag rows, another claim's history row). Every claim
 // goes through this statement, so only a transaction claiming the machine
-// skips it. A claim committed after this transaction's snapshot, which
+// skips it. An id that is not a machine is not claimed either (Work then
+// finds out why with WorkClaimStates). A claim committed after this transaction's snapshot, which
 // the snapshot cannot see, fails it with 40001 (retried, with a snapshot
 // that sees it).
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
@@ -152,6 +149,7 @@ func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([
 
 const workClaimStates = `-- name: WorkClaimStates :many
 SELECT
+    EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = c.machine_id) AS known,
     EXISTS (
         SELECT 1 FROM work_backoff b
         WHERE b.machine_id = c.machine_id AND b.process = $1::TEXT
@@ -171,13 +169,15 @@ type WorkClaimStatesParams struct {
 }
 
 type WorkClaimStatesRow struct {
+	Known      bool
 	InBackoff  bool
 	Holder     uuid.NullUUID
 	HolderLive bool
 }
 
 // WorkClaimStates tells, for each of machine_ids, in their order, why it could
-// not be claimed for process: whether it is in backoff, and which session
+// not be claimed for process: whether it is a machine at all, whether it
+// is in backoff, and which session
 // holds its claim (NULL: none) and whether that session is alive. A claim
 // being made by a transaction not yet committed is not seen: such a
 // machine has no holder here.
@@ -190,7 +190,12 @@ func (q *Queries) WorkClaimStates(ctx context.Context, arg WorkClaimStatesParams
 	items := []WorkClaimStatesRow{}
 	for rows.Next() {
 		var i WorkClaimStatesRow
-		if err := rows.Scan(&i.InBackoff, &i.Holder, &i.HolderLive); err != nil {
+		if err := rows.Scan(
+			&i.Known,
+			&i.InBackoff,
+			&i.Holder,
+			&i.HolderLive,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

@@ -1,10 +1,12 @@
 -- name: WorkClaimStates :many
 -- WorkClaimStates tells, for each of machine_ids, in their order, why it could
--- not be claimed for process: whether it is in backoff, and which session
+-- not be claimed for process: whether it is a machine at all, whether it
+-- is in backoff, and which session
 -- holds its claim (NULL: none) and whether that session is alive. A claim
 -- being made by a transaction not yet committed is not seen: such a
 -- machine has no holder here.
 SELECT
+    EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = c.machine_id) AS known,
     EXISTS (
         SELECT 1 FROM work_backoff b
         WHERE b.machine_id = c.machine_id AND b.process = sqlc.arg(process)::TEXT
@@ -73,7 +75,8 @@ WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 -- conflict with the KEY SHARE locks that foreign keys to machines take
 -- (an application's tag rows, another claim's history row). Every claim
 -- goes through this statement, so only a transaction claiming the machine
--- skips it. A claim committed after this transaction's snapshot, which
+-- skips it. An id that is not a machine is not claimed either (Work then
+-- finds out why with WorkClaimStates). A claim committed after this transaction's snapshot, which
 -- the snapshot cannot see, fails it with 40001 (retried, with a snapshot
 -- that sees it).
 WITH locked AS (
@@ -83,15 +86,11 @@ WITH locked AS (
     FOR NO KEY UPDATE SKIP LOCKED
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
-    SELECT c.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
-    FROM unnest(sqlc.arg(machine_ids)::UUID[]) AS c (machine_id)
-    WHERE (
-        c.machine_id IN (SELECT locked.machine_id FROM locked)
-        -- not a machine: the foreign key fails the statement (ErrUnknownMachine)
-        OR NOT EXISTS (SELECT 1 FROM machines m WHERE m.machine_id = c.machine_id)
-    ) AND NOT EXISTS (
+    SELECT locked.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
+    FROM locked
+    WHERE NOT EXISTS (
         SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = c.machine_id AND b.process = sqlc.arg(process)::TEXT
+        WHERE b.machine_id = locked.machine_id AND b.process = sqlc.arg(process)::TEXT
           AND b.until > now()
     )
     ON CONFLICT (machine_id, process) DO NOTHING
