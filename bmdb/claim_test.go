@@ -344,3 +344,28 @@ func TestClaimGateSerialisesProcesses(t *testing.T) {
 		t.Errorf("retries: %+v, %+v; want none", st1, st2)
 	}
 }
+
+// A serialization failure of one process's batch turns the claim gate on
+// for every process: the others learn it at their next session check.
+func TestClaimGateTurnsOnForEveryProcess(t *testing.T) {
+	if testdb.Cockroach() || testdb.CockroachMode() {
+		t.Skip("CockroachDB takes no claim gate")
+	}
+	_, c1, c2, _, s2, _, _ := twoProcesses(t, func(c *Config) { c.ClaimConcurrency = 0 })
+	if err := s2.Transact(context.Background(), func(*Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if c2.gateUntil.Load() != 0 {
+		t.Fatal("the gate is on before any batch failed")
+	}
+	c1.turnGateOn(context.Background())
+	if time.Now().UnixNano() >= c1.gateUntil.Load() {
+		t.Fatal("turnGateOn left its own connection's gate off")
+	}
+	if err := s2.Transact(context.Background(), func(*Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if left := time.Duration(c2.gateUntil.Load() - time.Now().UnixNano()); left < gateHold/2 || left > gateHold {
+		t.Errorf("the other process's gate is on for %v more, want about %v", left, gateHold)
+	}
+}

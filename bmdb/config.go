@@ -122,12 +122,12 @@ type Config struct {
 	// first. On PostgreSQL, SERIALIZABLE tracks reads of the small, hot work
 	// index per page, so concurrent claim transactions abort each other
 	// whatever machines they touch: 0 means 1 there. With 0 or 1, once a
-	// batch transaction of the connection has failed with a serialization
-	// error (another process's ran beside it), its batch transactions also
-	// take a lock of the claim_gate table for the next 30 s, before their
-	// snapshot, which serializes them with every other process's that do:
-	// processes then neither abort each other nor miss each other's
-	// claims, and a process alone pays nothing for it. A transaction
+	// batch transaction has failed with a serialization error (another
+	// process's ran beside it), the batch transactions of every connection
+	// (each learns it at its next session check) take a lock of the
+	// claim_gate table for the next 30 s, before their snapshot, which
+	// serializes them: processes then neither abort each other nor miss
+	// each other's claims, and a process alone pays nothing for it. A transaction
 	// stalled while it holds the gate delays the gated processes' claims
 	// and ends by up to lock_timeout (then they retry), until the server
 	// ends it (idle_in_transaction_session_timeout).

@@ -129,10 +129,10 @@
 // ErrWorkConflict, which tells "others hold or are taking these" from
 // ErrNothingToDo. On PostgreSQL, whose SERIALIZABLE aborts concurrent
 // claim transactions through the small work index whatever machines they
-// touch, a connection whose batch failed with a serialization error then
-// has its batches take a table lock (claim_gate) before their snapshot for
-// a while, so processes' batches run one at a time and see each other's
-// claims (Config.ClaimConcurrency). On CockroachDB they run concurrently:
+// touch, once a batch has failed with a serialization error every
+// process's batches take a table lock (claim_gate) before their snapshot
+// for a while, so processes' batches run one at a time and see each
+// other's claims (Config.ClaimConcurrency). On CockroachDB they run concurrently:
 // its conflicts are per key.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in

@@ -260,14 +260,19 @@ func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error, opts ...t
 // Its read of the row orders tx against a takeover or GC, which delete it:
 // on PostgreSQL it locks the row until tx ends; on CockroachDB tx commits
 // before the delete or fails its read refresh (doc.go).
+//
+// It also learns whether the claim gate is on (transact.go).
 func (s *Session) check(ctx context.Context, tx *Tx) error {
-	_, err := tx.q.SessionCheck(ctx, s.id)
+	row, err := tx.q.SessionCheck(ctx, s.id)
 	if errors.Is(err, sql.ErrNoRows) {
 		s.expire()
 		return context.Cause(s.ctx)
 	}
 	if err != nil {
 		return fmt.Errorf("bmdb: checking session: %w", err)
+	}
+	if row.GateSeconds > 0 && s.conn.claimGate {
+		s.conn.holdGate(time.Duration(row.GateSeconds * float64(time.Second)))
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/cockroachdb/cockroach-go/v2/crdb"
 	"github.com/google/uuid"
+	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
 	"github.com/bmdb-dev/bmdb/internal/wait"
@@ -126,14 +127,15 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...t
 		run = c.attemptCockroach
 	}
 	return c.retry(ctx, func(a *attempts) error {
-		if err := slots.acquire(ctx, opt.priority); err != nil {
-			return err
-		}
-		defer slots.release()
-		err := run(ctx, a, fn)
+		err := func() error {
+			if err := slots.acquire(ctx, opt.priority); err != nil {
+				return err
+			}
+			defer slots.release()
+			return run(ctx, a, fn)
+		}()
 		if opt.claimSlot && c.claimGate && sqlState(err) == codeSerializationFailure {
-			// Another process's batch ran beside this one: gate them.
-			c.gateUntil.Store(time.Now().Add(gateHold).UnixNano())
+			c.turnGateOn(ctx)
 		}
 		return err
 	})
@@ -145,11 +147,41 @@ func (c *Connection) transact(ctx context.Context, fn func(*Tx) error, opts ...t
 // its next statement, sees every batch committed before it.
 const sqlClaimGate = "LOCK TABLE claim_gate IN EXCLUSIVE MODE"
 
-// gateHold is how long a connection's batch transactions take the claim
-// gate after one of them failed with a serialization error (another
-// process's batch ran beside it). Alone, a process pays nothing for the
-// gate; beside others, one retry per gateHold turns it back on.
+// gateHold is how long the claim gate stays on after a batch transaction
+// failed with a serialization error (another process's batch ran beside
+// it). Alone, a process pays nothing for the gate; beside others, one
+// retry per gateHold turns it back on, for every process.
 const gateHold = 30 * time.Second
+
+// turnGateOn turns the claim gate on, for this connection at once and for
+// every other at its next session check (the claim_gate row), unless it is
+// on already here. Failing to write the row only delays the others; it is
+// logged.
+func (c *Connection) turnGateOn(ctx context.Context) {
+	if time.Now().UnixNano() < c.gateUntil.Load() {
+		return
+	}
+	c.holdGate(gateHold)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SessionInterval/4)
+	defer cancel()
+	err := c.transact(ctx, func(tx *Tx) error {
+		return tx.q.ClaimGateOn(ctx, gateHold.Seconds())
+	})
+	if err != nil {
+		klog.V(1).Infof("bmdb: turning the claim gate on for other processes: %v", err)
+	}
+}
+
+// holdGate keeps the claim gate on here for at least d from now.
+func (c *Connection) holdGate(d time.Duration) {
+	until := time.Now().Add(d).UnixNano()
+	for {
+		old := c.gateUntil.Load()
+		if old >= until || c.gateUntil.CompareAndSwap(old, until) {
+			return
+		}
+	}
+}
 
 // gated is fn behind the claim gate while it is on: the attempt waits for
 // the gate (at most lock_timeout, then a retryable 55P03) and holds it

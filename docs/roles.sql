@@ -33,9 +33,10 @@ GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 GRANT SELECT, INSERT, UPDATE, DELETE ON
     machines, sessions, work, work_history, work_backoff, work_fencing
 TO bmdb_worker;
--- On PostgreSQL batch transactions may lock claim_gate (LOCK TABLE ... IN
--- EXCLUSIVE MODE needs UPDATE); the table holds no rows.
-GRANT SELECT, UPDATE ON claim_gate TO bmdb_worker;
+-- Every session check reads claim_gate; on PostgreSQL batch transactions
+-- may lock it (LOCK TABLE ... IN EXCLUSIVE MODE needs UPDATE) and a
+-- process turns it on by writing its one row.
+GRANT SELECT, INSERT, UPDATE ON claim_gate TO bmdb_worker;
 -- work_history.id is a BIGSERIAL, whose sequence the worker draws from.
 GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.

@@ -285,9 +285,11 @@ ON CONFLICT (version) DO NOTHING;
 
 -- migrations/000013_claim_gate.up.sql
 -- 000013_claim_gate: the table whose lock serialises the batch
--- transactions (claims and ends) of every connection on PostgreSQL. It
--- holds no rows: while a connection's batches meet another process's
--- (a serialization failure turns it on for a while), a batch
+-- transactions (claims and ends) of every connection on PostgreSQL. Its
+-- one row says until when the gate is on: a process whose batch failed
+-- with a serialization error (another process's batch ran beside it) sets
+-- it 30 s ahead, and every session check reads it, so every process turns
+-- the gate on at its next transaction. While it is on, a batch
 -- transaction's first statement is LOCK TABLE claim_gate IN EXCLUSIVE
 -- MODE, taken before the transaction's snapshot, so that batches of
 -- different processes neither abort each other
@@ -301,7 +303,8 @@ ON CONFLICT (version) DO NOTHING;
 --
 -- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 CREATE TABLE IF NOT EXISTS claim_gate (
-    gate BOOLEAN PRIMARY KEY DEFAULT TRUE
+    gate BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (gate),
+    until TIMESTAMPTZ NOT NULL
 );
 
 INSERT INTO bmdb_schema_compat (version, oldest_compatible) VALUES (13, 12)

@@ -27,6 +27,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.appSchemaCompatOldestStmt, err = db.PrepareContext(ctx, appSchemaCompatOldest); err != nil {
 		return nil, fmt.Errorf("error preparing query AppSchemaCompatOldest: %w", err)
 	}
+	if q.claimGateOnStmt, err = db.PrepareContext(ctx, claimGateOn); err != nil {
+		return nil, fmt.Errorf("error preparing query ClaimGateOn: %w", err)
+	}
 	if q.machineCreateManyStmt, err = db.PrepareContext(ctx, machineCreateMany); err != nil {
 		return nil, fmt.Errorf("error preparing query MachineCreateMany: %w", err)
 	}
@@ -101,6 +104,11 @@ func (q *Queries) Close() error {
 	if q.appSchemaCompatOldestStmt != nil {
 		if cerr := q.appSchemaCompatOldestStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing appSchemaCompatOldestStmt: %w", cerr)
+		}
+	}
+	if q.claimGateOnStmt != nil {
+		if cerr := q.claimGateOnStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing claimGateOnStmt: %w", cerr)
 		}
 	}
 	if q.machineCreateManyStmt != nil {
@@ -253,6 +261,7 @@ type Queries struct {
 	db                           DBTX
 	tx                           *sql.Tx
 	appSchemaCompatOldestStmt    *sql.Stmt
+	claimGateOnStmt              *sql.Stmt
 	machineCreateManyStmt        *sql.Stmt
 	schemaCompatOldestStmt       *sql.Stmt
 	sessionCheckStmt             *sql.Stmt
@@ -282,6 +291,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		db:                           tx,
 		tx:                           tx,
 		appSchemaCompatOldestStmt:    q.appSchemaCompatOldestStmt,
+		claimGateOnStmt:              q.claimGateOnStmt,
 		machineCreateManyStmt:        q.machineCreateManyStmt,
 		schemaCompatOldestStmt:       q.schemaCompatOldestStmt,
 		sessionCheckStmt:             q.sessionCheckStmt,

@@ -91,7 +91,8 @@ type BmdbSchemaCompat struct {
 }
 
 type ClaimGate struct {
-	Gate bool
+	Gate  bool
+	Until time.Time
 }
 
 type CurrentWork struct {

@@ -103,7 +103,8 @@ type BmdbSchemaCompat struct {
 }
 
 type ClaimGate struct {
-	Gate bool `json:"gate"`
+	Gate  bool      `json:"gate"`
+	Until time.Time `json:"until"`
 }
 
 type CurrentWork struct {
