@@ -87,11 +87,11 @@ check: verify lint test
 bench:
 	scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick && BMDB_TEST_DSN="$$BMDB_DSN" go test -run "^$$" -bench . -benchtime 300x'
 
-## bench-durable: the throughput tables again on a cluster with PostgreSQL's
-## durable settings (fsync, synchronous_commit on), which favour neither
-## the system that commits least nor the one that commits most.
+## bench-durable: the throughput tables and the K-process table again on a
+## cluster with PostgreSQL's durable settings (fsync, synchronous_commit on), which
+## favour neither the system that commits least nor the one that commits most.
 bench-durable:
-	PG_DURABLE=1 scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick -only table'
+	PG_DURABLE=1 scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick -only table,procs'
 
 $(SQLC):
 	mkdir -p $(BIN)/sqlc.tmp
