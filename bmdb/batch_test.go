@@ -164,8 +164,12 @@ func TestClaimConcurrencySerialisesClaims(t *testing.T) {
 
 // retrieveUntagged proposes up to 10 machines without a tag.
 func retrieveUntagged(tx *Tx) ([]uuid.UUID, error) {
-	rows, err := tx.DBTX().QueryContext(context.Background(),
-		"SELECT machine_id FROM machines m WHERE NOT EXISTS (SELECT 1 FROM tag t WHERE t.machine_id = m.machine_id) ORDER BY machine_id LIMIT 10")
+	return queryIDs(tx, "SELECT machine_id FROM machines m WHERE NOT EXISTS (SELECT 1 FROM tag t WHERE t.machine_id = m.machine_id) ORDER BY machine_id LIMIT 10")
+}
+
+// queryIDs runs a retrieval's query in tx and returns the ids it selects.
+func queryIDs(tx *Tx, query string) ([]uuid.UUID, error) {
+	rows, err := tx.DBTX().QueryContext(context.Background(), query)
 	if err != nil {
 		return nil, err
 	}

@@ -200,7 +200,8 @@ func TestGCRacingABatchTakingOver(t *testing.T) {
 // each, all over the same few candidates: every machine is finished
 // exactly once, no claim waits on another's uncommitted claim (no lock
 // timeout, no deadlock, no claim statement seen waiting on a lock), and
-// no process starves.
+// no process starves. (A retrieval that returns claimed machines can make
+// a claim wait for the end of one that is committing: docs/cockroachdb.md.)
 func TestProcessesShareCandidatesFairly(t *testing.T) {
 	e := newWorkEnv(t)
 	const k, goroutines, machines = 4, 3, 160
@@ -237,7 +238,7 @@ func TestProcessesShareCandidatesFairly(t *testing.T) {
 		for range goroutines {
 			wg.Go(func() {
 				for {
-					w, err := s.Work(context.Background(), "install", retrieveUntagged)
+					w, err := s.Work(context.Background(), "install", retrieveUnclaimed)
 					switch {
 					case errors.Is(err, ErrNothingToDo):
 						return
@@ -368,4 +369,13 @@ func TestClaimGateTurnsOnForEveryProcess(t *testing.T) {
 	if left := time.Duration(c2.gateUntil.Load() - time.Now().UnixNano()); left < gateHold/2 || left > gateHold {
 		t.Errorf("the other process's gate is on for %v more, want about %v", left, gateHold)
 	}
+}
+
+// retrieveUnclaimed proposes up to 10 machines without a tag and without
+// a claim for "install", as a careful application's retrieval does.
+func retrieveUnclaimed(tx *Tx) ([]uuid.UUID, error) {
+	return queryIDs(tx, `SELECT machine_id FROM machines m
+		WHERE NOT EXISTS (SELECT 1 FROM tag t WHERE t.machine_id = m.machine_id)
+		  AND NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = m.machine_id AND w.process = 'install')
+		ORDER BY machine_id LIMIT 10`)
 }
