@@ -22,14 +22,15 @@
 // Abandoned, and takes the machine. Expired sessions nobody took over are
 // deleted by garbage collection that every live session runs periodically.
 //
-// Every transaction re-checks its session. Session.Transact and the
-// batches of Work, WorkBatch, Finish, Cancel and Fail run in SERIALIZABLE
-// transactions whose first statement reads the session row and checks deadline > statement_timestamp(),
-// and whose last statement, right before COMMIT, checks the local deadline
-// and the database clock again; Finish, Cancel and Fail also delete their
-// claim only if this session still holds it. A takeover or GC deletes the
-// superseded session's row, and that write orders it against every open
-// transaction of the session, by a mechanism that differs by engine:
+// Every transaction re-checks its session. Session.Transact and the batches
+// of Work, WorkBatch, Finish, Cancel and Fail run in SERIALIZABLE
+// transactions whose first statement reads the session row and checks
+// deadline > statement_timestamp(), and whose last statement, right before
+// COMMIT, checks the local deadline and the database clock again; Finish,
+// Cancel and Fail also delete their claim only if this session still holds
+// it. A takeover or GC deletes the superseded session's row, and that write
+// orders it against every open transaction of the session, by a mechanism
+// that differs by engine:
 //
 //   - PostgreSQL: the first check locks the row FOR KEY SHARE, so the
 //     takeover's delete waits for the transaction to end (or aborts it).
@@ -109,16 +110,16 @@
 // Each call gets its own outcome, nil only once its batch committed, and
 // one call's failure is its own: a lost claim fails only its end
 // (ErrWorkLost); a retrieve or commit callback that fails or panics fails
-// (or panics) only its own call, on the caller's goroutine, and the rest
-// of the batch runs again without it; a statement error any call may have
-// caused runs each call again alone; when claims and
-// ends run out of retries together, the ends run again on their own. After
-// an ambiguous COMMIT the batch's claims are looked up: if any is held,
-// the batch committed. A call whose ctx ends while it waits leaves without
-// effect; once its batch has begun, it waits for the outcome, which the
-// session and the latest deadline of the batch's calls bound. Callbacks run
-// on the batcher goroutine, so they must not call Work or the ends of the
-// same session and process: they would wait for their own batch.
+// (or panics) only its own call, on the caller's goroutine, and the rest of
+// the batch runs again without it; a statement error any call may have
+// caused runs each call again alone; when claims and ends run out of
+// retries together, the ends run again on their own. After an ambiguous
+// COMMIT the batch's claims are looked up: if any is held, the batch
+// committed. A call whose ctx ends while it waits leaves without effect;
+// once its batch has begun, it waits for the outcome, which the session and
+// the latest deadline of the batch's calls bound. Callbacks run on the
+// batcher goroutine, so they must not call Work or the ends of the same
+// session and process: they would wait for their own batch.
 //
 // Claims of different processes (sessions, connections, hosts) do not wait
 // for each other's uncommitted claims. A claim statement locks its
@@ -127,13 +128,13 @@
 // waited for; a takeover skips an expired session another transaction is
 // superseding. A call whose candidates were all taken returns
 // ErrWorkConflict, which tells "others hold or are taking these" from
-// ErrNothingToDo. On PostgreSQL, whose SERIALIZABLE aborts concurrent
-// claim transactions through the small work index whatever machines they
-// touch, once a batch has failed with a serialization error every
-// process's batches take a table lock (claim_gate) before their snapshot
-// for a while, so processes' batches run one at a time and see each
-// other's claims (Config.ClaimConcurrency). On CockroachDB they run concurrently:
-// its conflicts are per key.
+// ErrNothingToDo. On PostgreSQL, whose SERIALIZABLE aborts concurrent claim
+// transactions through the small work index whatever machines they touch,
+// once a batch has failed with a serialization error every process's
+// batches take a table lock (claim_gate) before their snapshot for a while,
+// so processes' batches run one at a time and see each other's claims
+// (Config.ClaimConcurrency). On CockroachDB they run concurrently: its
+// conflicts are per key.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in
 // one WorkBatch, a handler's slot is free again as soon as its work is
