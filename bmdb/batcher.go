@@ -134,7 +134,7 @@ func (b *batcher) run() {
 		case <-b.wake:
 		}
 		for reqs := b.take(); len(reqs) > 0; reqs = b.take() {
-			b.runBatch(reqs)
+			b.runBatch(reqs, true)
 		}
 	}
 }
@@ -185,12 +185,13 @@ func (b *batcher) join(bound *batchBound, reqs []*request) []*request {
 	return reqs
 }
 
-// runBatch runs one transaction for reqs, and the requests that join it,
-// and settles its outcome.
-func (b *batcher) runBatch(reqs []*request) {
+// runBatch runs one transaction for reqs, and, if join, the requests
+// that join it, and settles its outcome. Reruns that isolate requests do
+// not take in new ones.
+func (b *batcher) runBatch(reqs []*request, join bool) {
 	bound := newBatchBound(reqs)
 	defer bound.stop()
-	err := b.transact(bound, &reqs)
+	err := b.transact(bound, &reqs, join)
 	b.settle(bound.ctx, reqs, err)
 }
 
@@ -253,7 +254,7 @@ func (bb *batchBound) stop() {
 // only if it is nil. After an ambiguous COMMIT the claims are resolved
 // (resolveClaims): if any is held, the transaction committed, ends
 // included.
-func (b *batcher) transact(bound *batchBound, reqs *[]*request) error {
+func (b *batcher) transact(bound *batchBound, reqs *[]*request, join bool) error {
 	s, ctx := b.s, bound.ctx
 	priority := priorityClaim
 	if _, ends := split(*reqs); len(ends) > 0 {
@@ -261,7 +262,9 @@ func (b *batcher) transact(bound *batchBound, reqs *[]*request) error {
 	}
 	var claims []*request
 	err := s.transact(ctx, func(tx *Tx) error {
-		*reqs = b.join(bound, *reqs)
+		if join {
+			*reqs = b.join(bound, *reqs)
+		}
 		for _, r := range *reqs {
 			r.suspect, r.panicked = false, nil
 		}
@@ -304,7 +307,7 @@ func (b *batcher) settle(ctx context.Context, reqs []*request, err error) {
 		claims, ends := split(reqs)
 		if len(claims) > 0 && len(ends) > 0 {
 			b.reply(claims, err)
-			b.runBatch(ends)
+			b.runBatch(ends, false)
 			return
 		}
 	case isolatable(ctx, err):
@@ -323,11 +326,11 @@ func (b *batcher) settle(ctx context.Context, reqs []*request, err error) {
 			b.reply(suspects, err)
 		} else {
 			for _, r := range suspects {
-				b.runBatch([]*request{r})
+				b.runBatch([]*request{r}, false)
 			}
 		}
 		if len(others) > 0 {
-			b.runBatch(others)
+			b.runBatch(others, false)
 		}
 		return
 	}

@@ -673,3 +673,26 @@ func TestBatcherExitsWithTheSession(t *testing.T) {
 		t.Errorf("Work after Close = %v, want ErrSessionClosed", err)
 	}
 }
+
+// Two calls of one batch with the same candidate: one claims it, the other
+// gets ErrWorkConflict (the machine is claimed), not ErrNothingToDo.
+func TestBatchSiblingsCandidateIsAConflict(t *testing.T) {
+	e, _, s := batchEnv(t)
+	m := e.machine()
+	var errs [2]error
+	behindHeldClaim(t, s, e.machine(),
+		func() { _, errs[0] = s.Work(context.Background(), "install", retrieveAll(m)) },
+		func() { _, errs[1] = s.Work(context.Background(), "install", retrieveAll(m)) })()
+	ok, conflict := 0, 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrWorkConflict):
+			conflict++
+		}
+	}
+	if ok != 1 || conflict != 1 {
+		t.Errorf("two claims of one machine in a batch = %v, want one claim and one ErrWorkConflict", errs)
+	}
+}

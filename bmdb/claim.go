@@ -97,6 +97,10 @@ func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []
 			}
 		}
 		got, abandoned, err := s.takeOverFirst(ctx, tx, process, rest)
+		if errors.Is(err, ErrNothingToDo) && len(rest) < len(candidates[i]) {
+			// Candidates went to other calls of this batch: claimed.
+			err = fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		}
 		switch {
 		case errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrWorkConflict) || errors.Is(err, ErrUnknownMachine):
 			c.err = err
@@ -117,9 +121,6 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
 		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
-	if sqlState(err) == codeForeignKeyViolation {
-		return nil, fmt.Errorf("%w: retrieve returned a machine that does not exist for %q: %w", ErrUnknownMachine, process, err)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
 	}
@@ -162,7 +163,7 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 		switch {
 		case state.InBackoff:
 			continue
-		case !state.Holder.Valid || state.HolderLive:
+		case !state.Holder.Valid || state.HolderLive || state.Holder.UUID == s.id:
 			conflict = true
 			continue
 		}

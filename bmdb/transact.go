@@ -162,7 +162,9 @@ func (c *Connection) turnGateOn(ctx context.Context) {
 		return
 	}
 	c.holdGate(gateHold)
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.SessionInterval/4)
+	// Bounded by the batch's context (the session, its calls' deadlines):
+	// the write waits for gated batches holding the table.
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.SessionInterval/4)
 	defer cancel()
 	err := c.transact(ctx, func(tx *Tx) error {
 		return tx.q.ClaimGateOn(ctx, gateHold.Seconds())
