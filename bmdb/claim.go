@@ -272,15 +272,19 @@ func (s *Session) resolveClaims(ctx context.Context, process string, reqs []*req
 	return nil
 }
 
-// countClaims counts a claim call that asked for limit machines and got
-// claimed, with err.
-func (c *Connection) countClaims(limit, claimed int, err error) {
-	st := &c.stats
+// recordClaims counts a claim call of process that asked for limit
+// machines and got claimed, with err, in Stats and in the metrics: the
+// machines asked for, and conflicts and nothing-to-do apart.
+func (c *Connection) recordClaims(process string, limit, claimed int, err error) {
+	st, m := &c.stats, c.metrics
+	m.asked(process, limit)
 	switch {
 	case errors.Is(err, ErrWorkConflict):
 		st.claimConflicts.Add(1)
+		m.conflict(process)
 	case errors.Is(err, ErrNothingToDo):
 		st.claimNothingToDo.Add(1)
+		m.nothingToDo(process)
 	case err != nil:
 		return
 	}

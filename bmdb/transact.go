@@ -158,7 +158,7 @@ const gateHold = 30 * time.Second
 // on already here. Failing to write the row only delays the others; it is
 // logged.
 func (c *Connection) turnGateOn(ctx context.Context) {
-	if time.Now().UnixNano() < c.gateUntil.Load() {
+	if c.gateOn() {
 		return
 	}
 	c.holdGate(gateHold)
@@ -173,6 +173,9 @@ func (c *Connection) turnGateOn(ctx context.Context) {
 		klog.V(1).Infof("bmdb: turning the claim gate on for other processes: %v", err)
 	}
 }
+
+// gateOn reports whether this connection's batches take the claim gate.
+func (c *Connection) gateOn() bool { return time.Now().UnixNano() < c.gateUntil.Load() }
 
 // holdGate keeps the claim gate on here for at least d from now.
 func (c *Connection) holdGate(d time.Duration) {
@@ -190,7 +193,7 @@ func (c *Connection) holdGate(d time.Duration) {
 // until the transaction ends.
 func (c *Connection) gated(ctx context.Context, fn func(*Tx) error) func(*Tx) error {
 	return func(tx *Tx) error {
-		if time.Now().UnixNano() < c.gateUntil.Load() {
+		if c.gateOn() {
 			if _, err := tx.tx.ExecContext(ctx, sqlClaimGate); err != nil {
 				return fmt.Errorf("bmdb: waiting for the claim gate: %w", err)
 			}

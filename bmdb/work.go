@@ -124,16 +124,9 @@ func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retr
 	if err == nil {
 		err = c.err
 	}
-	s.conn.countClaims(limit, len(c.claims), err)
+	s.conn.recordClaims(process, limit, len(c.claims), err)
 	metrics := s.conn.metrics
-	metrics.asked(process, limit)
 	if err != nil {
-		switch {
-		case errors.Is(err, ErrWorkConflict):
-			metrics.conflict(process)
-		case errors.Is(err, ErrNothingToDo):
-			metrics.nothingToDo(process)
-		}
 		return nil, err
 	}
 	metrics.workEvents(c.abandoned, store.WorkHistoryEventAbandoned)
