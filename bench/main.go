@@ -206,18 +206,11 @@ func run(ctx context.Context, cfg config) error {
 // runTable measures floor, bmdb and River for every worker count, in
 // interleaved rounds, and prints medians and ratios.
 func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection) error {
-	riverDSN, err := freshDatabase(ctx, cfg.dsn, riverDatabase)
+	rb, _, done, err := openRiver(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if !cfg.keep {
-		defer dropDatabase(context.Background(), cfg.dsn, riverDatabase)
-	}
-	rb, err := newRiverBench(ctx, riverDSN, cfg.riverCooldown)
-	if err != nil {
-		return err
-	}
-	defer rb.Close()
+	defer done()
 	db := conn.DB()
 	floor, bm, bb, rv := map[int][]result{}, map[int][]result{}, map[int][]result{}, map[int][]result{}
 	loop, loopGroup, loop2 := map[int][]result{}, map[int][]result{}, map[int][]result{}

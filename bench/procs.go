@@ -158,18 +158,11 @@ func runProcs(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 	if err != nil {
 		return err
 	}
-	riverDSN, err := freshDatabase(ctx, cfg.dsn, riverDatabase)
+	rb, riverDSN, done, err := openRiver(ctx, cfg)
 	if err != nil {
 		return err
 	}
-	if !cfg.keep {
-		defer dropDatabase(context.Background(), cfg.dsn, riverDatabase)
-	}
-	rb, err := newRiverBench(ctx, riverDSN, cfg.riverCooldown)
-	if err != nil {
-		return err
-	}
-	defer rb.Close()
+	defer done()
 	pb := &procsBench{
 		cfg: cfg, exe: exe, bmdbDSN: dsn, bmdbDB: conn.DB(), river: rb, riverDSN: riverDSN,
 		runs: map[procKey][]procRun{}, waits: map[procRow]*waitTally{},

@@ -27,6 +27,26 @@ type benchWorker struct {
 func (benchWorker) Work(context.Context, *river.Job[benchArgs]) error { return nil }
 
 // riverBench is River on its own database, migrated by rivermigrate, through
+// openRiver makes a fresh River database (dropped by done unless -keep)
+// with River's schema, and returns its bench and DSN.
+func openRiver(ctx context.Context, cfg config) (rb *riverBench, dsn string, done func(), err error) {
+	dsn, err = freshDatabase(ctx, cfg.dsn, riverDatabase)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	drop := func() {
+		if !cfg.keep {
+			dropDatabase(context.Background(), cfg.dsn, riverDatabase)
+		}
+	}
+	rb, err = newRiverBench(ctx, dsn, cfg.riverCooldown)
+	if err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	return rb, dsn, func() { rb.Close(); drop() }, nil
+}
+
 // lib/pq and database/sql like bmdb.
 type riverBench struct {
 	db       *sql.DB

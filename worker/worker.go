@@ -56,7 +56,7 @@ type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, 
 //
 // A nil commit with a nil error is the one place bmdb accepts "no commit":
 // it means the machine's work left nothing to write beyond ending the
-// claim (or, if Config.Commit is set, that Config.Commit writes it), and
+// claim (or, if Config.CommitBatch is set, that CommitBatch writes it), and
 // the loop finishes the claim. bmdb's Work.Finish itself refuses a nil
 // commit (ErrInvalidArgument): code that calls Finish directly passes
 // func(*bmdb.Tx) error { return nil } to say the same.
@@ -64,9 +64,10 @@ type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, 
 // An error returned by commit fails the claim with backoff (its cause
 // names the machine and the process); one that no retry can fix
 // (bmdb.IsPermanent: a missing table or column, a syntax error, a
-// permission denied, a type mismatch) also ends Run with ErrPermanent. ctx is cancelled when the session ends (the claim can no longer be
-// finished) or ShutdownGrace after shutdown began; Process should then
-// return promptly. Each call runs on a handler goroutine of its own, up to
+// permission denied, a type mismatch) also ends Run with ErrPermanent. ctx
+// is cancelled when the session ends (the claim can no longer be finished)
+// or ShutdownGrace after shutdown began; Process should then return
+// promptly. Each call runs on a handler goroutine of its own, up to
 // Config.Concurrency at once.
 type Process func(ctx context.Context, w *bmdb.Work) (commit func(tx *bmdb.Tx) error, err error)
 
