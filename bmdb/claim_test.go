@@ -37,6 +37,29 @@ func gateCommits(t *testing.T, c *Connection, id *atomic.Pointer[uuid.UUID]) *co
 
 func (g *commitGate) open() { g.once.Do(func() { close(g.release) }) }
 
+// pendingWork is a Work call running on a goroutine of its own.
+type pendingWork struct {
+	done chan struct{} // closed when the call returned
+	w    *Work
+	err  error
+}
+
+// workAsync starts s.Work(process "install", retrieve) on a goroutine.
+func workAsync(s *Session, retrieve func(*Tx) ([]uuid.UUID, error)) *pendingWork {
+	p := &pendingWork{done: make(chan struct{})}
+	go func() {
+		defer close(p.done)
+		p.w, p.err = s.Work(context.Background(), "install", retrieve)
+	}()
+	return p
+}
+
+// wait returns the call's outcome once it has returned.
+func (p *pendingWork) wait() (*Work, error) {
+	<-p.done
+	return p.w, p.err
+}
+
 // twoProcesses is the setup of the tests of claims racing across
 // processes: two connections without injected failures, each with a
 // session, the first's commits gated. Their batches run concurrently (no
@@ -66,13 +89,7 @@ func TestClaimSkipsAMachineBeingClaimed(t *testing.T) {
 	a, b := e.machine(), e.machine()
 	id := s1.ID()
 	gated.Store(&id)
-	var w1 *Work
-	var err1 error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w1, err1 = s1.Work(context.Background(), "install", retrieveAll(a))
-	}()
+	first := workAsync(s1, retrieveAll(a))
 	<-gate.held // s1 has claimed a and not committed
 
 	w2, err := s2.Work(context.Background(), "install", retrieveAll(a, b))
@@ -83,7 +100,7 @@ func TestClaimSkipsAMachineBeingClaimed(t *testing.T) {
 		t.Errorf("Work of a machine being claimed = %v, want ErrWorkConflict", err)
 	}
 	select {
-	case <-done:
+	case <-first.done:
 		t.Fatal("s1's claim committed while its gate was closed")
 	default:
 	}
@@ -91,8 +108,7 @@ func TestClaimSkipsAMachineBeingClaimed(t *testing.T) {
 		t.Errorf("stats of the second process %+v: want no retry, no lock timeout, one conflict", st)
 	}
 	gate.open()
-	<-done
-	if err1 != nil || w1.Machine() != a {
+	if w1, err1 := first.wait(); err1 != nil || w1.Machine() != a {
 		t.Fatalf("s1's Work = %v, %v; want a", w1, err1)
 	}
 	if n := e.count("SELECT count(*) FROM work_history WHERE machine_id = $1 AND event = 'Started'", a); n != 1 {
@@ -116,13 +132,7 @@ func TestTakeoverWhileAnotherProcessSkips(t *testing.T) {
 	e.expireInDB(s0.ID(), time.Millisecond)
 	id := s1.ID()
 	gated.Store(&id)
-	var w1 *Work
-	var err1 error
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		w1, err1 = s1.Work(context.Background(), "install", retrieveAll(m))
-	}()
+	takeover := workAsync(s1, retrieveAll(m))
 	<-gate.held // s1 has taken m over and not committed
 
 	if _, err := s2.Work(context.Background(), "install", retrieveAll(m)); !errors.Is(err, ErrWorkConflict) {
@@ -132,8 +142,7 @@ func TestTakeoverWhileAnotherProcessSkips(t *testing.T) {
 		t.Errorf("stats of the skipping process %+v: want no lock wait", st)
 	}
 	gate.open()
-	<-done
-	if err1 != nil || w1.Machine() != m {
+	if w1, err1 := takeover.wait(); err1 != nil || w1.Machine() != m {
 		t.Fatalf("takeover = %v, %v", w1, err1)
 	}
 	if got := e.events(m, s0, s1); !slicesEqual(got, "install:Started@1", "install:Abandoned@1", "install:Started@2") {
@@ -320,28 +329,16 @@ func TestClaimGateSerialisesProcesses(t *testing.T) {
 	a, b := e.machine(), e.machine()
 	id := s1.ID()
 	gated.Store(&id)
-	var w1 *Work
-	var err1 error
-	first := make(chan struct{})
-	go func() {
-		defer close(first)
-		w1, err1 = s1.Work(context.Background(), "install", retrieveAll(a))
-	}()
+	first := workAsync(s1, retrieveAll(a))
 	<-gate.held // s1 holds the gate, its claim of a not committed
-	var w2 *Work
-	var err2 error
-	second := make(chan struct{})
-	go func() {
-		defer close(second)
-		w2, err2 = s2.Work(context.Background(), "install", retrieveAll(a, b))
-	}()
+	second := workAsync(s2, retrieveAll(a, b))
 	eventually(t, 5*time.Second, "the second batch waiting for the gate", func() bool {
 		return e.count(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()
 			AND wait_event_type = 'Lock' AND query LIKE 'LOCK TABLE claim_gate%'`) == 1
 	})
 	gate.open()
-	<-first
-	<-second
+	w1, err1 := first.wait()
+	w2, err2 := second.wait()
 	if err1 != nil || w1.Machine() != a || err2 != nil || w2.Machine() != b {
 		t.Fatalf("first Work = %v, %v (want a); second = %v, %v (want b)", w1, err1, w2, err2)
 	}
