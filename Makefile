@@ -11,7 +11,7 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # The test command of README.md and .ci/run: every package (saying first
 # if the browser tests will skip, which go test does not show), the
 # standalone example module, then the core,
-# worker and chaos tests again in cockroach mode (internal/crdbmode: bmdb's
+# worker and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or

@@ -47,7 +47,7 @@ var leanRetrieval bool
 // commitSQL is the trivial commit of Finish: the machine no longer needs work.
 const commitSQL = `DELETE FROM bench_pending WHERE machine_id = $1`
 
-// commitManySQL is commitSQL for a batch of Finishes (bmdb.CommitBatched).
+// commitManySQL is commitSQL for a batch of Finishes (bmdb.CommitShared).
 const commitManySQL = `DELETE FROM bench_pending WHERE machine_id = ANY ($1::UUID[])`
 
 // pick is how a worker chooses among the oldest candidates.
@@ -114,16 +114,16 @@ type cycle struct {
 	limit int64
 	// untilEmpty keeps workers polling on ErrNothingToDo until limit claims.
 	untilEmpty bool
-	// batch > 1 claims up to batch machines per transaction (WorkBatch) and
-	// finishes them together (concurrent Finishes with one BatchCommit,
+	// batch > 1 claims up to batch machines per transaction (WorkMany) and
+	// finishes them together (concurrent Finishes with one SharedCommit,
 	// which bmdb's batcher commits in one transaction).
 	batch int
 }
 
-// claim makes one Work or WorkBatch call.
+// claim makes one Work or WorkMany call.
 func (c cycle) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, error) {
 	if c.batch > 1 {
-		return sess.WorkBatch(ctx, c.process, c.batch, c.retrieve(ctx))
+		return sess.WorkMany(ctx, c.process, c.batch, c.retrieve(ctx))
 	}
 	w, err := sess.Work(ctx, c.process, c.retrieve(ctx))
 	if err != nil {
@@ -135,13 +135,13 @@ func (c cycle) claim(ctx context.Context, sess *bmdb.Session) ([]*bmdb.Work, err
 // finish ends the claims of one claim call.
 func (c cycle) finish(ctx context.Context, sess *bmdb.Session, works []*bmdb.Work) error {
 	if len(works) > 1 {
-		batch := bmdb.NewBatchCommit(func(tx *bmdb.Tx, works []*bmdb.Work) error {
+		batch := bmdb.NewSharedCommit(func(tx *bmdb.Tx, works []*bmdb.Work) error {
 			return commitMany(ctx, tx, works)
 		})
 		errs := make([]error, len(works))
 		var wg sync.WaitGroup
 		for i, w := range works {
-			wg.Go(func() { errs[i] = w.Finish(ctx, nil, bmdb.CommitBatched(batch)) })
+			wg.Go(func() { errs[i] = w.Finish(ctx, nil, bmdb.CommitShared(batch)) })
 		}
 		wg.Wait()
 		return errors.Join(errs...)

@@ -31,9 +31,10 @@ const childEnv = "BMDB_BENCH_CHILD"
 
 // Systems a child runs.
 const (
-	sysBmdb     = "bmdb"
-	sysRiverPgx = "river-pgx"
-	sysRiverSQL = "river-sql"
+	sysBmdb       = "bmdb"
+	sysRiverPgx   = "river-pgx"
+	sysRiverSQL   = "river-sql"
+	sysRiverPgxTx = "river-tx" // River pgx, each job a transaction (benchTxWorker)
 )
 
 // childConfig is what the parent tells a child.
@@ -63,7 +64,7 @@ type childResult struct {
 	// nothing-to-do result, or one attempt of a retried transaction).
 	Retrieves, EmptyRetrieves int64
 	// bmdb only: bucket counts of bmdb_claim_duration_seconds (one
-	// observation per machine claimed, from the WorkBatch call to its
+	// observation per machine claimed, from the WorkMany call to its
 	// return), upper bounds in seconds.
 	ClaimBuckets []bucket `json:"claim_buckets,omitempty"`
 }
@@ -108,7 +109,7 @@ func runChild(cfg childConfig, in *bufio.Reader) childResult {
 			return fail(err)
 		}
 		start, stop = b.start, b.stop
-	case sysRiverPgx, sysRiverSQL:
+	case sysRiverPgx, sysRiverSQL, sysRiverPgxTx:
 		r, err := newRiverChild(ctx, cfg, &res)
 		if err != nil {
 			return fail(err)
@@ -246,7 +247,9 @@ func addBuckets(into []bucket, h *dto.Histogram) []bucket {
 }
 
 // riverChild is one River process: a client with Workers workers on the
-// pgx driver (LISTEN/NOTIFY available) or on database/sql (poll only).
+// pgx driver (LISTEN/NOTIFY available) or on database/sql (poll only). On
+// pgx its jobs are no-ops (river-pgx) or transactions (river-tx,
+// benchTxWorker).
 type riverChild struct {
 	startClient func(ctx context.Context) error
 	stopClient  func(ctx context.Context) error
@@ -260,11 +263,8 @@ type riverChild struct {
 }
 
 func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riverChild, error) {
-	workers := river.NewWorkers()
-	river.AddWorker(workers, benchWorker{})
 	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}},
-		Workers:           workers,
 		FetchCooldown:     cfg.Cooldown,
 		FetchPollInterval: max(cfg.Cooldown, 10*time.Millisecond),
 		Logger:            slog.New(slog.NewTextHandler(io.Discard, nil)),
@@ -274,11 +274,28 @@ func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riv
 		ChanSize: 1 << 16, Kinds: []river.EventKind{river.EventKindJobCompleted, river.EventKindJobFailed},
 	}
 	switch cfg.System {
-	case sysRiverPgx:
-		pool, err := pgxpool.New(ctx, withoutParam(cfg.DSN, "binary_parameters")) // lib/pq's, unknown to pgx
+	case sysRiverPgx, sysRiverPgxTx:
+		pcfg, err := pgxpool.ParseConfig(withoutParam(cfg.DSN, "binary_parameters")) // lib/pq's, unknown to pgx
 		if err != nil {
 			return nil, err
 		}
+		workers := river.NewWorkers()
+		if cfg.System == sysRiverPgxTx {
+			// Each running job holds a connection for its transaction:
+			// pgxpool's default MaxConns (max(4, CPUs)) for River's own
+			// use, plus one per worker.
+			pcfg.MaxConns += int32(cfg.Workers)
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.System == sysRiverPgxTx {
+			river.AddWorker(workers, benchTxWorker{pool: pool})
+		} else {
+			river.AddWorker(workers, benchWorker{})
+		}
+		rc.Workers = workers
 		client, err := river.NewClient(riverpgxv5.New(pool), rc)
 		if err != nil {
 			pool.Close()
@@ -291,6 +308,9 @@ func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riv
 		if err != nil {
 			return nil, err
 		}
+		workers := river.NewWorkers()
+		river.AddWorker(workers, benchWorker{})
+		rc.Workers = workers
 		rc.PollOnly = true // database/sql has no LISTEN
 		client, err := river.NewClient(riverdatabasesql.New(db), rc)
 		if err != nil {

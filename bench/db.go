@@ -24,7 +24,8 @@ func withDatabase(dsn, name string) (string, error) {
 }
 
 // freshDatabase drops and recreates database name (a constant of this
-// program, never user input) and returns its DSN.
+// program after -db-prefix, which is checked to be letters, digits and _)
+// and returns its DSN.
 func freshDatabase(ctx context.Context, adminDSN, name string) (string, error) {
 	admin, err := sql.Open("postgres", adminDSN)
 	if err != nil {

@@ -61,7 +61,7 @@ func loopOnce(ctx context.Context, dsn string, m, n, procs int, groupCommit bool
 				}
 				return finishCommit(ctx, w), nil
 			},
-			CommitBatch: func(tx *bmdb.Tx, works []*bmdb.Work) error {
+			CommitShared: func(tx *bmdb.Tx, works []*bmdb.Work) error {
 				return commitMany(ctx, tx, works)
 			},
 			PollMin: time.Millisecond,

@@ -32,16 +32,19 @@ type config struct {
 	only            map[string]bool
 	keep            bool
 	procs           []procRow
+	spread          []procRow // the processes of each spread row: N/K workers each
 	pollMin         time.Duration
 	pollMax         time.Duration
 	sample          time.Duration
 	serverLog       string
 	procsTimeout    time.Duration
+	bmdbDatabase    string // the databases the bench creates (-db-prefix)
+	riverDatabase   string
 }
 
 func parseFlags() (config, error) {
 	var c config
-	var workers, scale, only, pk, procs string
+	var workers, scale, only, pk, procs, spread, dbPrefix string
 	quick := flag.Bool("quick", false, "the quick run of make bench: -machines 2000 -scale 10000,100000 -scale-claims 300 -contention-items 300 (explicit flags win)")
 	flag.StringVar(&c.dsn, "dsn", "", "PostgreSQL DSN of a user that may create databases (default $BMDB_DSN)")
 	flag.IntVar(&c.machines, "machines", 10000, "M: machines (and River jobs) per throughput run")
@@ -49,19 +52,21 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds of the throughput table, interleaving floor, bmdb and River; the median is reported")
 	flag.StringVar(&pk, "pick", string(pickShuffle), "how bmdb workers choose among candidates: first, shuffle or offset")
 	flag.IntVar(&c.candidates, "candidates", 16, "candidates per retrieval (and the offset range of -pick offset)")
-	flag.IntVar(&c.batch, "batch", 32, "machines per WorkBatch and batched Finishes (one BatchCommit) in the bmdb batch column (1: no batch column)")
+	flag.IntVar(&c.batch, "batch", 32, "machines per WorkMany and batched Finishes (one SharedCommit) in the bmdb batch column (1: no batch column)")
 	flag.StringVar(&scale, "scale", "10000,1000000", "machine counts of the scale run")
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
 	flag.DurationVar(&c.riverCooldown, "river-cooldown", time.Millisecond, "River's FetchCooldown (its default is 100ms, which caps its throughput)")
-	flag.StringVar(&only, "only", "table,picks,scale,contention,procs", "sections to run")
+	flag.StringVar(&only, "only", "table,picks,scale,contention,spread", "sections to run: table, picks, scale, contention, spread, procs")
+	flag.StringVar(&spread, "spread", "8/1,8/2,8/4,8/8,32/1,32/2,32/4,32/8", "rows of the spread section: N/K, N workers in all over K OS processes (N/K each; K must divide N)")
 	flag.StringVar(&procs, "procs", "32x1,32x2,32x4,32x8,8x1,8x4", "rows of the procs section: NxK, K OS processes of N workers each")
-	flag.DurationVar(&c.pollMin, "poll-min", time.Millisecond, "worker.Config.PollMin of the procs section's bmdb processes")
-	flag.DurationVar(&c.pollMax, "poll-max", 16*time.Millisecond, "worker.Config.PollMax of the procs section's bmdb processes")
+	flag.DurationVar(&c.pollMin, "poll-min", time.Millisecond, "worker.Config.PollMin of the spread and procs sections' bmdb processes")
+	flag.DurationVar(&c.pollMax, "poll-max", 16*time.Millisecond, "worker.Config.PollMax of the spread and procs sections' bmdb processes")
 	flag.DurationVar(&c.sample, "sample", 100*time.Millisecond, "pg_stat_activity sampling interval during bmdb runs with K > 1 (0: off)")
 	flag.StringVar(&c.serverLog, "server-log", "", "server log file to count errors by SQLSTATE in, read with pg_read_file (default: scripts/pg-start's server.log beside the data directory; off: none)")
-	flag.DurationVar(&c.procsTimeout, "procs-timeout", 5*time.Minute, "longest a procs run may take")
+	flag.DurationVar(&c.procsTimeout, "procs-timeout", 5*time.Minute, "longest a spread or procs run may take")
 	flag.BoolVar(&c.keep, "keep", false, "keep the bench databases afterwards")
+	flag.StringVar(&dbPrefix, "db-prefix", "", "prefix of the databases the bench creates ("+bmdbDatabase+", "+riverDatabase+"), so that two runs can share a server")
 	retrieval := flag.String("retrieval", "full", "bmdb retrieval: full (excludes claimed machines and backoff, as most applications write it) or lean (pending machines only; Work skips the rest)")
 	flag.Parse()
 	switch *retrieval {
@@ -92,13 +97,24 @@ func parseFlags() (config, error) {
 	if c.procs, err = parseProcRows(procs); err != nil {
 		return c, fmt.Errorf("-procs: %w", err)
 	}
+	if c.spread, err = parseSpreadRows(spread); err != nil {
+		return c, fmt.Errorf("-spread: %w", err)
+	}
+	if strings.Trim(dbPrefix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
+		return c, fmt.Errorf("-db-prefix %q: want lower-case letters, digits and _", dbPrefix)
+	}
+	c.bmdbDatabase, c.riverDatabase = dbPrefix+bmdbDatabase, dbPrefix+riverDatabase
 	c.pick = pick(pk)
 	if !slices.Contains([]pick{pickFirst, pickShuffle, pickOffset}, c.pick) {
 		return c, fmt.Errorf("-pick %q: want first, shuffle or offset", pk)
 	}
 	c.only = map[string]bool{}
 	for _, s := range strings.Split(only, ",") {
-		c.only[strings.TrimSpace(s)] = true
+		s = strings.TrimSpace(s)
+		if !slices.Contains([]string{"table", "picks", "scale", "contention", "spread", "procs"}, s) {
+			return c, fmt.Errorf("-only: unknown section %q", s)
+		}
+		c.only[s] = true
 	}
 	if c.dsn == "" {
 		c.dsn = os.Getenv("BMDB_DSN") // not the flag's default: -help would print its password
@@ -139,7 +155,8 @@ func main() {
 	}
 }
 
-// Databases the bench creates on the server (and drops unless -keep).
+// Databases the bench creates on the server (and drops unless -keep),
+// after -db-prefix.
 const (
 	bmdbDatabase  = "bmdb_bench"
 	riverDatabase = "bmdb_bench_river"
@@ -147,12 +164,12 @@ const (
 
 func run(ctx context.Context, cfg config) error {
 	start := time.Now()
-	dsn, err := freshDatabase(ctx, cfg.dsn, bmdbDatabase)
+	dsn, err := freshDatabase(ctx, cfg.dsn, cfg.bmdbDatabase)
 	if err != nil {
 		return err
 	}
 	if !cfg.keep {
-		defer dropDatabase(context.Background(), cfg.dsn, bmdbDatabase)
+		defer dropDatabase(context.Background(), cfg.dsn, cfg.bmdbDatabase)
 	}
 	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "bench"})
 	if err != nil {
@@ -196,6 +213,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if cfg.only["procs"] {
 		if err := runProcs(ctx, cfg, dsn, conn); err != nil {
+			return err
+		}
+	}
+	if cfg.only["spread"] {
+		if err := runSpread(ctx, cfg, dsn, conn); err != nil {
 			return err
 		}
 	}
@@ -261,7 +283,7 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 				group bool
 			}{
 				{loop, "loop", 1, false},
-				{loopGroup, "loop with CommitBatch", 1, true},
+				{loopGroup, "loop with CommitShared", 1, true},
 				{loop2, "loop 2 processes", 2, false},
 			}
 			for _, l := range loops {
@@ -298,7 +320,7 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 	}
 	t.flush()
 	if cfg.batch > 1 {
-		fmt.Printf("\n== Throughput with batches: WorkBatch and batched Finishes of %d machines, M=%d, median of %d rounds ==\n", cfg.batch, cfg.machines, cfg.rounds)
+		fmt.Printf("\n== Throughput with batches: WorkMany and batched Finishes of %d machines, M=%d, median of %d rounds ==\n", cfg.batch, cfg.machines, cfg.rounds)
 		t := newTable(os.Stdout, "N", "floor items/s", "batch items/s", "River jobs/s", "batch/floor", "batch/River",
 			"tx/item", "retries", "claim p50", "claim p99")
 		for _, n := range cfg.workers {
@@ -309,10 +331,10 @@ func runTable(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 		t.flush()
 	}
 	fmt.Printf("\n== worker.Loop, the default path: a handler per machine, N handlers, a commit callback per machine; "+
-		"with CommitBatch: one statement commits every machine of a batch (worker.Config.CommitBatch); "+
+		"with CommitShared: one statement commits every machine of a batch (worker.Config.CommitShared); "+
 		"2 processes: two Connections with N/2 handlers each; M=%d, median of %d rounds ==\n", cfg.machines, cfg.rounds)
 	lt := newTable(os.Stdout, "N", "floor items/s", "loop items/s", "River jobs/s", "loop/River", "tx/item", "retries/item",
-		"with CommitBatch items/s", "with CommitBatch/River", "2 procs items/s", "2 procs/River", "2 procs retries/item")
+		"with CommitShared items/s", "with CommitShared/River", "2 procs items/s", "2 procs/River", "2 procs retries/item")
 	for _, n := range cfg.workers {
 		f, l, r, lg := median(floor[n]), median(loop[n]), median(rv[n]), median(loopGroup[n])
 		two, twoRatio, twoRetries := "-", "-", "-"

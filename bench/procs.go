@@ -136,7 +136,7 @@ type procKey struct {
 	row    procRow
 }
 
-// procsBench is the state of the procs section.
+// procsBench is the state of a section of K-process runs (procs, spread).
 type procsBench struct {
 	cfg      config
 	exe      string
@@ -144,9 +144,32 @@ type procsBench struct {
 	bmdbDB   *sql.DB
 	river    *riverBench
 	riverDSN string
+	section  string               // "procs" or "spread", in progress lines and errors
+	systems  []string             // the columns, in run order
+	rows     []procRow            // in run order
+	label    func(procRow) string // a row's name in progress lines, checks and diagnoses
 	runs     map[procKey][]procRun
 	checks   []string // of the runs that passed (a failure ends the section)
 	waits    map[procRow]*waitTally
+}
+
+// newProcsBench opens a fresh River database for a section of K-process
+// runs of systems over rows; done closes and drops it.
+func newProcsBench(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection, section string,
+	systems []string, rows []procRow, label func(procRow) string) (pb *procsBench, done func(), err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, nil, err
+	}
+	rb, riverDSN, done, err := openRiver(ctx, cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &procsBench{
+		cfg: cfg, exe: exe, bmdbDSN: dsn, bmdbDB: conn.DB(), river: rb, riverDSN: riverDSN,
+		section: section, systems: systems, rows: rows, label: label,
+		runs: map[procKey][]procRun{}, waits: map[procRow]*waitTally{},
+	}, done, nil
 }
 
 // runProcs measures K OS processes of N workers each, bmdb (worker.Loop,
@@ -154,28 +177,29 @@ type procsBench struct {
 // its pgx and its database/sql driver), and prints the table and the
 // diagnosis of the bmdb runs with K > 1.
 func runProcs(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection) error {
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	rb, riverDSN, done, err := openRiver(ctx, cfg)
+	pb, done, err := newProcsBench(ctx, cfg, dsn, conn, "procs", procSystems, cfg.procs, procRow.String)
 	if err != nil {
 		return err
 	}
 	defer done()
-	pb := &procsBench{
-		cfg: cfg, exe: exe, bmdbDSN: dsn, bmdbDB: conn.DB(), river: rb, riverDSN: riverDSN,
-		runs: map[procKey][]procRun{}, waits: map[procRow]*waitTally{},
-	}
 	fmt.Printf("\n== Processes: K OS processes of N workers each over the same M=%d items, %d rounds ==\n", cfg.machines, cfg.rounds)
-	for round := 1; round <= cfg.rounds; round++ {
-		for _, row := range cfg.procs {
-			fmt.Fprintf(os.Stderr, "procs round %d %s:", round, row)
-			for _, sys := range procSystems {
+	if err := pb.measure(ctx); err != nil {
+		return err
+	}
+	pb.print(os.Stdout)
+	return nil
+}
+
+// measure runs every system on every row, in cfg.rounds rounds.
+func (pb *procsBench) measure(ctx context.Context) error {
+	for round := 1; round <= pb.cfg.rounds; round++ {
+		for _, row := range pb.rows {
+			fmt.Fprintf(os.Stderr, "%s round %d %s:", pb.section, round, pb.label(row))
+			for _, sys := range pb.systems {
 				r, err := pb.run(ctx, sys, row)
 				if err != nil {
 					fmt.Fprintln(os.Stderr)
-					return fmt.Errorf("procs %s %s: %w", sys, row, err)
+					return fmt.Errorf("%s %s %s: %w", pb.section, sys, pb.label(row), err)
 				}
 				key := procKey{sys, row}
 				pb.runs[key] = append(pb.runs[key], r)
@@ -184,7 +208,6 @@ func runProcs(ctx context.Context, cfg config, dsn string, conn *bmdb.Connection
 			fmt.Fprintln(os.Stderr)
 		}
 	}
-	pb.print(os.Stdout)
 	return nil
 }
 
@@ -200,7 +223,7 @@ func (pb *procsBench) run(ctx context.Context, sys string, row procRow) (procRun
 		}
 	} else {
 		db, dsn = pb.river.db, pb.riverDSN
-		if err := pb.river.seedJobs(ctx, cfg.machines); err != nil {
+		if err := pb.river.seedJobs(ctx, cfg.machines, sys == sysRiverPgxTx); err != nil {
 			return procRun{}, err
 		}
 	}
@@ -331,21 +354,27 @@ WHERE process = 'bench' AND event = 'Started' GROUP BY component_name`)
 			return err
 		}
 	} else {
-		var once, other int
+		var once, other, left int
 		err := pb.river.db.QueryRowContext(ctx, `
-SELECT count(*) FILTER (WHERE state = 'completed' AND attempt = 1), count(*) FILTER (WHERE state <> 'completed' OR attempt <> 1)
-FROM river_job`).Scan(&once, &other)
+SELECT count(*) FILTER (WHERE state = 'completed' AND attempt = 1), count(*) FILTER (WHERE state <> 'completed' OR attempt <> 1),
+       (SELECT count(*) FROM bench_river_pending)
+FROM river_job`).Scan(&once, &other, &left)
 		if err != nil {
 			return err
 		}
 		ok = ok && once == m && other == 0
 		verdict = fmt.Sprintf("%d jobs completed at their first attempt, %d not", once, other)
+		if sys == sysRiverPgxTx {
+			// Every job deleted its row in the transaction that completed it.
+			ok = ok && left == 0
+			verdict += fmt.Sprintf("; %d rows of bench_river_pending left", left)
+		}
 	}
 	status := "OK"
 	if !ok {
 		status = "FAILED"
 	}
-	pb.checks = append(pb.checks, fmt.Sprintf("%-9s %-10s %s: %d items worked by the processes; %s", sys, row, status, worked, verdict))
+	pb.checks = append(pb.checks, fmt.Sprintf("%-9s %-10s %s: %d items worked by the processes; %s", sys, pb.label(row), status, worked, verdict))
 	if !ok {
 		return fmt.Errorf("exactly-once check failed: %d items worked of %d; %s", worked, m, verdict)
 	}
@@ -529,7 +558,7 @@ func cmpFloat(a, b float64) int {
 func (pb *procsBench) print(out io.Writer) {
 	t := newTable(out, "N", "K", "bmdb items/s", "River pgx/s", "River sql/s", "bmdb/River pgx", "bmdb K/K=1",
 		"retries/item", "conflicts/item", "nothing/item", "sleeps/item", "bmdb share", "River pgx share", "River sql share", "claim p99", "warnings")
-	for _, row := range pb.cfg.procs {
+	for _, row := range pb.rows {
 		b, _ := pb.medianRun(procKey{sysBmdb, row})
 		rp, _ := pb.medianRun(procKey{sysRiverPgx, row})
 		rs, _ := pb.medianRun(procKey{sysRiverSQL, row})
@@ -542,11 +571,17 @@ func (pb *procsBench) print(out io.Writer) {
 			b.perItem(b.nothing), b.perItem(b.sleeps), f2(b.share()), f2(rp.share()), f2(rs.share()), b.claimP99(), fmt.Sprint(b.warnings))
 	}
 	t.flush()
+	pb.printChecksAndDiagnoses(out)
+}
+
+// printChecksAndDiagnoses writes a few of the exactly-once checks and the
+// diagnosis of every row with K > 1.
+func (pb *procsBench) printChecksAndDiagnoses(out io.Writer) {
 	fmt.Fprintf(out, "exactly-once check after every run: %d runs OK, e.g.\n", len(pb.checks))
-	for _, c := range pb.checks[:min(len(procSystems), len(pb.checks))] {
+	for _, c := range pb.checks[:min(len(pb.systems), len(pb.checks))] {
 		fmt.Fprintln(out, "  "+c)
 	}
-	for _, row := range pb.cfg.procs {
+	for _, row := range pb.rows {
 		if row.k > 1 {
 			pb.diagnose(out, row)
 		}
@@ -560,7 +595,7 @@ func (pb *procsBench) diagnose(out io.Writer, row procRow) {
 	if !ok {
 		return
 	}
-	fmt.Fprintf(out, "\n-- bmdb %s: the processes of the median run (%.0f items/s) --\n", row, b.rate())
+	fmt.Fprintf(out, "\n-- bmdb %s: the processes of the median run (%.0f items/s) --\n", pb.label(row), b.rate())
 	t := newTable(out, "process", "items", "share", "polls", "claim txs", "sleeps", "conflicts", "nothing", "empty retrievals",
 		"tx attempts", "retries", "commit retries", "40001", "40P01", "55P03", "other errors", "claim p99")
 	mean := float64(b.items) / float64(max(len(b.children), 1))

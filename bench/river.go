@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverdatabasesql"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
 )
 
@@ -26,17 +28,54 @@ type benchWorker struct {
 
 func (benchWorker) Work(context.Context, *river.Job[benchArgs]) error { return nil }
 
+// benchTxWorker is the transactional job, what a River user writes whose
+// result must be atomic with the job's completion: in one transaction of
+// the client's pool it deletes the job's row of bench_river_pending and
+// completes the job (river.JobCompleteTx), then commits. A job that finds
+// its row gone fails, and is retried: the exactly-once check sees it.
+type benchTxWorker struct {
+	river.WorkerDefaults[benchArgs]
+	pool *pgxpool.Pool
+}
+
+func (w benchTxWorker) Work(ctx context.Context, job *river.Job[benchArgs]) error {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // after Commit: ErrTxClosed, nothing done
+	tag, err := tx.Exec(ctx, riverPendingDeleteSQL, job.ID)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() != 1 {
+		return fmt.Errorf("job %d: its bench_river_pending row is gone", job.ID)
+	}
+	if _, err := river.JobCompleteTx[*riverpgxv5.Driver](ctx, tx, job); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// The transactional job's table in River's database: one row per job,
+// filled when the jobs are seeded, deleted by the job.
+const (
+	riverPendingSchema    = `CREATE TABLE IF NOT EXISTS bench_river_pending (job_id BIGINT PRIMARY KEY)`
+	riverPendingSeedSQL   = `INSERT INTO bench_river_pending (job_id) SELECT id FROM river_job`
+	riverPendingDeleteSQL = `DELETE FROM bench_river_pending WHERE job_id = $1`
+)
+
 // riverBench is River on its own database, migrated by rivermigrate, through
 // openRiver makes a fresh River database (dropped by done unless -keep)
 // with River's schema, and returns its bench and DSN.
 func openRiver(ctx context.Context, cfg config) (rb *riverBench, dsn string, done func(), err error) {
-	dsn, err = freshDatabase(ctx, cfg.dsn, riverDatabase)
+	dsn, err = freshDatabase(ctx, cfg.dsn, cfg.riverDatabase)
 	if err != nil {
 		return nil, "", nil, err
 	}
 	drop := func() {
 		if !cfg.keep {
-			dropDatabase(context.Background(), cfg.dsn, riverDatabase)
+			dropDatabase(context.Background(), cfg.dsn, cfg.riverDatabase)
 		}
 	}
 	rb, err = newRiverBench(ctx, dsn, cfg.riverCooldown)
@@ -67,15 +106,20 @@ func newRiverBench(ctx context.Context, dsn string, cooldown time.Duration) (*ri
 		db.Close()
 		return nil, fmt.Errorf("river migrations: %w", err)
 	}
+	if _, err := db.ExecContext(ctx, riverPendingSchema); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("bench_river_pending: %w", err)
+	}
 	return &riverBench{db: db, cooldown: cooldown}, nil
 }
 
 func (r *riverBench) Close() error { return r.db.Close() }
 
 // seedJobs replaces River's jobs with m new ones, through an insert-only
-// client, and vacuums.
-func (r *riverBench) seedJobs(ctx context.Context, m int) error {
-	if _, err := r.db.ExecContext(ctx, `TRUNCATE river_job`); err != nil {
+// client, and vacuums. With pending, bench_river_pending gets a row per
+// job (the transactional job's); without, it is emptied.
+func (r *riverBench) seedJobs(ctx context.Context, m int, pending bool) error {
+	if _, err := r.db.ExecContext(ctx, `TRUNCATE river_job, bench_river_pending`); err != nil {
 		return err
 	}
 	workers := river.NewWorkers()
@@ -90,7 +134,12 @@ func (r *riverBench) seedJobs(ctx context.Context, m int) error {
 	if err := insertJobs(ctx, client, m); err != nil {
 		return err
 	}
-	_, err = r.db.ExecContext(ctx, `VACUUM ANALYZE river_job`)
+	if pending {
+		if _, err := r.db.ExecContext(ctx, riverPendingSeedSQL); err != nil {
+			return err
+		}
+	}
+	_, err = r.db.ExecContext(ctx, `VACUUM ANALYZE river_job, bench_river_pending`)
 	return err
 }
 

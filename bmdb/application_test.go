@@ -3,7 +3,6 @@ package bmdb
 import (
 	"context"
 	"errors"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -12,15 +11,15 @@ import (
 	"testing"
 	"testing/fstest"
 
-	"github.com/bmdb-dev/bmdb/internal/migrate"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
+	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
 // pipelineApp is the example application, read from its directory (its
 // package imports bmdb, so this package's tests cannot import it).
-func pipelineApp() *Application {
-	return &Application{Name: "pipeline", Migrations: os.DirFS("../cmd/worker-example/pipeline/migrations")}
+func pipelineApp() *migrations.Application {
+	return &migrations.Application{Name: "pipeline", Migrations: os.DirFS("../cmd/worker-example/pipeline/migrations")}
 }
 
 // appFS returns an application's migrations: files maps names (without
@@ -35,13 +34,9 @@ func appFS(files map[string]string) fstest.MapFS {
 }
 
 // appVersion reads an application's version table.
-func appVersion(t *testing.T, e *env, name string) migrate.Version {
+func appVersion(t *testing.T, e *env, name string) migrations.SchemaVersion {
 	t.Helper()
-	v, err := migrate.ReadVersion(context.Background(), e.db, &migrate.Source{Name: name, Table: name + "_schema_migrations"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return v
+	return schemaVersion(t, e.dsn, name)
 }
 
 // An application's migrations run after bmdb's, on a fresh database, and
@@ -67,7 +62,7 @@ func TestApplicationOnFreshDatabase(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if v := appVersion(t, e, "pipeline"); v.Version != 2 || v.Dirty {
+	if v := appVersion(t, e, "pipeline"); v.Database != 2 || v.Dirty {
 		t.Errorf("pipeline version %+v, want 2 (its latest)", v)
 	}
 	if n := e.count("SELECT count(*) FROM app_machine_stages WHERE stage = 'provided'"); n != 1 {
@@ -129,14 +124,7 @@ func TestApplicationOnTodaysDatabase(t *testing.T) {
 	e := &env{t: t, dsn: testdb.NewEmpty(t)}
 	e.db = openRaw(t, e.dsn)
 	e.q = model.New(e.db)
-	ctx := context.Background()
-	src, err := migrate.BmdbSource()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrate.To(ctx, migrate.Target{DSN: e.dsn, NetworkTimeout: SessionIntervalDefault}, src, 11); err != nil {
-		t.Fatal(err)
-	}
+	migrateBmdbTo(t, e.dsn, 11)
 	e.exec(todaysExampleSchema)
 
 	e.open(func(c *Config) { c.Application = pipelineApp() })
@@ -152,7 +140,7 @@ func TestApplicationOnTodaysDatabase(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM machine_overview"); n != 2 {
 		t.Errorf("machine_overview has %d machines, want 2", n)
 	}
-	if v := appVersion(t, e, "pipeline"); v.Version != 2 {
+	if v := appVersion(t, e, "pipeline"); v.Database != 2 {
 		t.Errorf("pipeline version %+v, want 2 (its latest)", v)
 	}
 }
@@ -176,7 +164,7 @@ INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VAL
 INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VALUES ('racks', 3, 3);`,
 	}
 	app := func(files map[string]string) func(*Config) {
-		return func(c *Config) { c.Application = &Application{Name: "racks", Migrations: appFS(files)} }
+		return func(c *Config) { c.Application = &migrations.Application{Name: "racks", Migrations: appFS(files)} }
 	}
 	open := func(files map[string]string, skip bool) error {
 		cfg := e.config()
@@ -191,7 +179,7 @@ INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VAL
 	if err := open(v2, false); err != nil {
 		t.Fatalf("v2 on a fresh database: %v", err)
 	}
-	if v := appVersion(t, e, "racks"); v.Version != 2 {
+	if v := appVersion(t, e, "racks"); v.Database != 2 {
 		t.Fatalf("racks at %+v, want 2", v)
 	}
 	for _, skip := range []bool{false, true} {
@@ -204,25 +192,47 @@ INSERT INTO bmdb_app_schema_compat (application, version, oldest_compatible) VAL
 	}
 	for _, files := range []map[string]string{v1, v2} {
 		err := open(files, true)
-		var verr *SchemaVersionError
-		if !errors.Is(err, ErrSchemaTooNew) || !errors.As(err, &verr) || verr.Schema != "racks" || !strings.Contains(err.Error(), "application racks") {
+		var verr *migrations.SchemaVersionError
+		if !errors.Is(err, migrations.ErrSchemaTooNew) || !errors.As(err, &verr) || verr.Schema != "racks" || !strings.Contains(err.Error(), "application racks") {
 			t.Errorf("old binary on a v3 schema = %v, want ErrSchemaTooNew naming the application", err)
 		}
 	}
 	e.exec("UPDATE racks_schema_migrations SET dirty = true")
-	if err := open(v3, false); !errors.Is(err, ErrSchemaDirty) {
-		t.Errorf("a dirty application schema = %v, want ErrSchemaDirty", err)
+	if err := open(v3, false); !errors.Is(err, migrations.ErrSchemaDirty) || !strings.Contains(err.Error(), "racks_schema_migrations") {
+		t.Errorf("a dirty application schema = %v, want ErrSchemaDirty naming racks_schema_migrations", err)
 	}
-	// bmdb's own schema is not affected by the application's versions.
-	if v := appVersion(t, e, bmdbSourceName); v.Version != 0 {
-		t.Logf("(no bmdb_schema_migrations, as expected: %+v)", v)
+}
+
+// An application's file marked bmdb:rerunnable that did not finish is run
+// again by Open, as bmdb's own are; with migrations off, Open refuses it
+// and says that a migrating Open runs it again.
+func TestOpenRecoversRerunnableApplicationFile(t *testing.T) {
+	e := newEnv(t)
+	files := map[string]string{
+		"000001_racks": "CREATE TABLE racks (id INT8 PRIMARY KEY);",
+		"000002_slots": "-- bmdb:rerunnable\nCREATE TABLE IF NOT EXISTS rack_slots (rack INT8 NOT NULL, slot INT8 NOT NULL);\n" +
+			"INSERT INTO racks (id) VALUES (1) ON CONFLICT DO NOTHING;",
+	}
+	app := func(c *Config) { c.Application = &migrations.Application{Name: "racks", Migrations: appFS(files)} }
+	e.open(app)
+	// 000002 stopped after its first statement.
+	e.exec("DELETE FROM racks; UPDATE racks_schema_migrations SET dirty = true")
+	cfg := e.config()
+	app(&cfg)
+	cfg.SkipMigrations = true
+	if _, err := Open(context.Background(), cfg); !errors.Is(err, migrations.ErrSchemaDirty) || !strings.Contains(err.Error(), "runs it again") {
+		t.Errorf("Open without migrations of a dirty, re-runnable application file = %v", err)
+	}
+	e.open(app)
+	if v := appVersion(t, e, "racks"); v.Database != 2 || v.Dirty || e.count("SELECT count(*) FROM racks") != 1 {
+		t.Errorf("after Open: %+v, %d racks; want 2, clean, the file run again", v, e.count("SELECT count(*) FROM racks"))
 	}
 }
 
 // A bad Application is refused before anything is touched.
 func TestApplicationRejectsBadConfig(t *testing.T) {
 	t.Parallel()
-	for _, app := range []*Application{
+	for _, app := range []*migrations.Application{
 		{Name: "", Migrations: fstest.MapFS{}},
 		{Name: "Bad-Name", Migrations: fstest.MapFS{}},
 		{Name: "drop table x", Migrations: fstest.MapFS{}},
@@ -230,49 +240,8 @@ func TestApplicationRejectsBadConfig(t *testing.T) {
 		{Name: "ok", Migrations: nil},
 	} {
 		_, err := Open(context.Background(), Config{DSN: "postgres://nowhere/db", ComponentName: "x", Application: app})
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "Config.Application") {
+		if !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, migrations.ErrInvalidArgument) || !strings.Contains(err.Error(), "Config.Application") {
 			t.Errorf("Application %+v: %v, want ErrInvalidArgument naming Config.Application", app, err)
-		}
-	}
-}
-
-// NewApplication builds an Application from a directory of a file system
-// (an embed.FS in an application) and refuses, naming the problem, what
-// Open would refuse later or what is surely a mistake.
-func TestNewApplication(t *testing.T) {
-	t.Parallel()
-	good := fstest.MapFS{
-		"migrations/000001_tags.up.sql":   {Data: []byte("CREATE TABLE t (x INT8);")},
-		"migrations/000001_tags.down.sql": {Data: []byte("DROP TABLE t;")},
-		"migrations/README.md":            {Data: []byte("not a migration, ignored")},
-	}
-	app, err := NewApplication("burnin", good, "migrations")
-	if err != nil {
-		t.Fatalf("NewApplication(good) = %v", err)
-	}
-	if app.Name != "burnin" {
-		t.Errorf("Name = %q", app.Name)
-	}
-	if up, err := fs.ReadFile(app.Migrations, "000001_tags.up.sql"); err != nil || string(up) != "CREATE TABLE t (x INT8);" {
-		t.Errorf("Migrations is not the directory's contents: %q, %v", up, err)
-	}
-	for _, tc := range []struct {
-		name, dir string
-		fsys      fs.FS
-		want      string
-	}{
-		{"Bad-Name", "migrations", good, `name "Bad-Name" must be a lower-case letter`},
-		{"bmdb", "migrations", good, "is bmdb's own"},
-		{"burnin", "migrations", nil, "fsys is nil"},
-		{"burnin", "migratons", good, `no directory "migratons"`},
-		{"burnin", "../x", good, `directory "../x"`},
-		{"burnin", ".", good, "has no NNNNNN_title.up.sql migration"},
-		{"burnin", "migrations", fstest.MapFS{"migrations/000001_tags.down.sql": {}}, "has no NNNNNN_title.up.sql"},
-		{"burnin", "migrations", fstest.MapFS{"migrations/tags.up.sql": {}}, "tags.up.sql is not named NNNNNN_title.up.sql"},
-	} {
-		_, err := NewApplication(tc.name, tc.fsys, tc.dir)
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewApplication(%q, %q) = %v, want ErrInvalidArgument with %q", tc.name, tc.dir, err, tc.want)
 		}
 	}
 }

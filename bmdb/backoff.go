@@ -76,7 +76,7 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 		return err
 	}
 	reason = truncateCause(reason)
-	err := s.transact(ctx, func(tx *Tx) error {
+	err := s.transact(ctx, serializable, func(tx *Tx) error {
 		n, err := tx.q.WorkBackoffDelete(ctx, store.WorkBackoffDeleteParams{MachineID: machine, Process: process})
 		if err != nil {
 			return fmt.Errorf("bmdb: clearing backoff of %q on %s: %w", process, machine, err)
@@ -96,9 +96,9 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 			return fmt.Errorf("bmdb: recording cleared backoff: %w", err)
 		}
 		return nil
-	}, claimSlot(priorityEnd))
+	})
 	if err == nil {
-		s.conn.metrics.workEvent(process, store.WorkHistoryEventBackoffCleared)
+		s.conn.stats.event(process, store.WorkHistoryEventBackoffCleared)
 	}
 	return err
 }

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -51,11 +53,20 @@ func TestBackoffWait(t *testing.T) {
 	}
 }
 
+// backoffRow is a row of work_backoff.
+type backoffRow struct {
+	MachineID       uuid.UUID
+	Process         string
+	Until           time.Time
+	Cause           string
+	IntervalSeconds float64
+}
+
 // backoffRow returns the backoff of (m, install) with seconds left on the
 // database clock.
-func (e *env) backoffRow(m any) (model.WorkBackoff, float64) {
+func (e *env) backoffRow(m any) (backoffRow, float64) {
 	e.t.Helper()
-	var b model.WorkBackoff
+	var b backoffRow
 	var left float64
 	err := e.db.QueryRow(`SELECT machine_id, process, until, cause, interval_seconds,
 		EXTRACT(EPOCH FROM until - now())::FLOAT8 FROM work_backoff WHERE machine_id = $1 AND process = 'install'`, m).

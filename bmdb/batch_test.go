@@ -4,11 +4,8 @@ import (
 	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/bmdb-dev/bmdb/internal/testdb"
 )
 
 func machineSet(works []*Work) map[uuid.UUID]bool {
@@ -19,12 +16,12 @@ func machineSet(works []*Work) map[uuid.UUID]bool {
 	return set
 }
 
-// WorkBatch claims up to its limit, in order, skipping machines that are
+// WorkMany claims up to its limit, in order, skipping machines that are
 // claimed or in backoff; their Finishes, batched, end them all in one
 // transaction.
 func TestWorkBatchAndBatchedFinish(t *testing.T) {
 	e := newWorkEnv(t)
-	c := e.open()
+	c := e.open(func(c *Config) { c.MaxConcurrentBatches = 1 }) // the Finishes queue behind a held batch
 	s1, s2 := e.session(c), e.session(c)
 	ctx := context.Background()
 	var ms []uuid.UUID
@@ -36,24 +33,24 @@ func TestWorkBatchAndBatchedFinish(t *testing.T) {
 	if err := failed.Fail(ctx, &testBackoff, "x"); err != nil {
 		t.Fatal(err)
 	}
-	works, err := s1.WorkBatch(ctx, "install", 3, retrieveAll(ms...))
+	works, err := s1.WorkMany(ctx, "install", 3, retrieveAll(ms...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	got := machineSet(works)
 	if len(works) != 3 || !got[ms[2]] || !got[ms[3]] || !got[ms[4]] {
-		t.Fatalf("WorkBatch claimed %v, want machines 2, 3, 4", got)
+		t.Fatalf("WorkMany claimed %v, want machines 2, 3, 4", got)
 	}
 	// What is left for a second batch: machine 5 only.
-	rest, err := s2.WorkBatch(ctx, "install", 10, retrieveAll(ms...))
+	rest, err := s2.WorkMany(ctx, "install", 10, retrieveAll(ms...))
 	if err != nil || len(rest) != 1 || rest[0].Machine() != ms[5] {
-		t.Fatalf("second WorkBatch = %v, %v", machineSet(rest), err)
+		t.Fatalf("second WorkMany = %v, %v", machineSet(rest), err)
 	}
-	if _, err := s2.WorkBatch(ctx, "install", 10, retrieveAll(ms...)); !errors.Is(err, ErrWorkConflict) {
-		t.Fatalf("WorkBatch with every machine taken = %v, want ErrWorkConflict", err)
+	if _, err := s2.WorkMany(ctx, "install", 10, retrieveAll(ms...)); !errors.Is(err, ErrWorkConflict) {
+		t.Fatalf("WorkMany with every machine taken = %v, want ErrWorkConflict", err)
 	}
 
-	tagAll := NewBatchCommit(func(tx *Tx, works []*Work) error {
+	tagAll := NewSharedCommit(func(tx *Tx, works []*Work) error {
 		for _, w := range works {
 			if err := tagCommit(w.Machine())(tx); err != nil {
 				return err
@@ -64,7 +61,7 @@ func TestWorkBatchAndBatchedFinish(t *testing.T) {
 	errs := make([]error, len(works))
 	var finishes []func()
 	for i, w := range works {
-		finishes = append(finishes, func() { errs[i] = w.Finish(ctx, nil, CommitBatched(tagAll)) })
+		finishes = append(finishes, func() { errs[i] = w.Finish(ctx, nil, CommitShared(tagAll)) })
 	}
 	behindHeldClaim(t, s1, ms[5], finishes...)()
 	for i, w := range works {
@@ -92,79 +89,14 @@ func TestBatchRejectsBadInput(t *testing.T) {
 	s := e.session(c)
 	ctx := context.Background()
 	m1 := e.machine()
-	for _, limit := range []int{0, -1, MaxBatch + 1} {
-		if _, err := s.WorkBatch(ctx, "install", limit, retrieveAll(m1)); !errors.Is(err, ErrInvalidArgument) {
-			t.Errorf("WorkBatch(limit %d) = %v", limit, err)
+	for _, limit := range []int{0, -1, MaxWorkMany + 1} {
+		if _, err := s.WorkMany(ctx, "install", limit, retrieveAll(m1)); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("WorkMany(limit %d) = %v", limit, err)
 		}
 	}
 	if n := e.count("SELECT count(*) FROM work"); n != 0 {
 		t.Errorf("refused calls changed the claims: %d left", n)
 	}
-}
-
-// On PostgreSQL a connection runs its claim transactions one at a time by
-// default (Config.ClaimConcurrency), so its sessions racing for machines do
-// not abort each other: every machine is finished once, with no
-// serialization retry.
-func TestClaimConcurrencySerialisesClaims(t *testing.T) {
-	e := newWorkEnv(t)
-	if testdb.Cockroach() || testdb.CockroachMode() {
-		t.Skip("on CockroachDB claims are not bounded by default")
-	}
-	// Only claim transactions race here: the sessions start before any of
-	// them claims, and a long interval keeps heartbeats (which write
-	// sessions' rows, read by every claim's session check) out of the run.
-	c := e.open(func(c *Config) { c.SessionInterval = 30 * time.Second })
-	const machines, workers = 60, 8
-	for range machines {
-		e.machine()
-	}
-	sessions := make([]*Session, workers)
-	for i := range sessions {
-		sessions[i] = e.session(c)
-	}
-	errs := make(chan error, workers)
-	for _, s := range sessions {
-		go func() {
-			for {
-				w, err := s.Work(context.Background(), "install", retrieveUntagged)
-				if errors.Is(err, ErrNothingToDo) {
-					errs <- nil
-					return
-				}
-				if errors.Is(err, ErrWorkConflict) { // the rest is being worked on
-					time.Sleep(time.Millisecond)
-					continue
-				}
-				if err == nil {
-					err = w.Finish(context.Background(), tagCommit(w.Machine()))
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	for range workers {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := e.count("SELECT count(*) FROM tag"); n != machines {
-		t.Errorf("%d machines done, want %d", n, machines)
-	}
-	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Finished'"); n != machines {
-		t.Errorf("%d Finished rows, want %d", n, machines)
-	}
-	if st := c.Stats(); st.TxRetries != 0 {
-		t.Errorf("stats %+v: claim transactions of one connection conflicted", st)
-	}
-}
-
-// retrieveUntagged proposes up to 10 machines without a tag.
-func retrieveUntagged(tx *Tx) ([]uuid.UUID, error) {
-	return queryIDs(tx, "SELECT machine_id FROM machines m WHERE NOT EXISTS (SELECT 1 FROM tag t WHERE t.machine_id = m.machine_id) ORDER BY machine_id LIMIT 10")
 }
 
 // queryIDs runs a retrieval's query in tx and returns the ids it selects.

@@ -8,11 +8,11 @@ import (
 	"time"
 )
 
-// request is one Work, WorkBatch, Finish, Cancel or Fail call, handed by
+// request is one Work, WorkMany, Finish, Cancel or Fail call, handed by
 // its caller to the batcher of its process.
 type request struct {
 	ctx   context.Context // the caller's: it may leave while queued
-	claim *claimRequest   // a Work or WorkBatch; nil for an end
+	claim *claimRequest   // a Work or WorkMany; nil for an end
 	end   *endRequest     // a Finish, Cancel or Fail; nil for a claim
 
 	// Written by the batcher goroutine while the request is in a batch;
@@ -25,19 +25,28 @@ type request struct {
 	taken bool // in a batch, or replied to; guarded by batcher.mu
 }
 
-// batcher runs a session's claims and ends of one process on one
-// goroutine (run): callers enqueue a request and wait for their reply; the
-// goroutine takes what is waiting, up to Config.MaxBatchSize, runs one
-// transaction for it (transact), applies the failure policy (settle), and
-// replies to each. It exits when the session ends.
+// batcher runs a session's claims and ends of one process. Callers
+// enqueue a request and wait for their reply. Its goroutine (run) takes
+// what is waiting, up to Config.MaxBatchSize, and hands it to a batch
+// goroutine of its own, which runs one transaction for it (transact),
+// applies the failure policy (settle), and replies to each; while batches
+// run and calls wait, run starts further batches, up to
+// Config.MaxConcurrentBatches at once. It exits when the session ends,
+// after its batches.
 type batcher struct {
-	s       *Session
-	process string
-	limit   int
-	wake    chan struct{} // capacity 1: a request was queued
+	s          *Session
+	process    string
+	limit      int           // Config.MaxBatchSize
+	maxRunning int           // Config.MaxConcurrentBatches
+	wake       chan struct{} // capacity 1: a request was queued
+	ended      chan struct{} // capacity maxRunning: a batch goroutine returned
+	fences     *fencer       // creates the claim rows of candidates ahead of their claims
+
+	running int // owned by run: batch goroutines not yet returned
 
 	mu      sync.Mutex
-	waiting []*request // guarded by mu: appended by callers, taken by run
+	waiting []*request // guarded by mu: appended by callers, taken by run and by batches' attempts
+	joining int        // guarded by mu: batches started whose first attempt has not yet joined
 	closed  error      // guarded by mu: set when run exits, the reply of later requests
 }
 
@@ -50,9 +59,15 @@ func (s *Session) batcher(process string) *batcher {
 		if s.batchers == nil {
 			s.batchers = map[string]*batcher{}
 		}
-		b = &batcher{s: s, process: process, limit: s.conn.cfg.MaxBatchSize, wake: make(chan struct{}, 1)}
+		n := s.conn.cfg.MaxConcurrentBatches
+		b = &batcher{
+			s: s, process: process, limit: s.conn.cfg.MaxBatchSize, maxRunning: n,
+			wake: make(chan struct{}, 1), ended: make(chan struct{}, n),
+			fences: newFencer(s, process),
+		}
 		s.batchers[process] = b
 		go b.run()
+		go b.fences.run()
 	}
 	return b
 }
@@ -72,8 +87,16 @@ func (s *Session) do(ctx context.Context, process string, r *request) error {
 	}
 	r.ctx, r.done = ctx, make(chan struct{})
 	b := s.batcher(process)
-	if err := b.enqueue(r); err != nil {
-		return err
+	b.mu.Lock()
+	if b.closed != nil {
+		b.mu.Unlock()
+		return b.closed
+	}
+	b.waiting = append(b.waiting, r)
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
 	}
 	select {
 	case <-r.done:
@@ -87,23 +110,6 @@ func (s *Session) do(ctx context.Context, process string, r *request) error {
 		panic(r.panicked)
 	}
 	return r.err
-}
-
-// enqueue queues r and wakes the goroutine, or returns why the batcher
-// takes no more requests (its session ended).
-func (b *batcher) enqueue(r *request) error {
-	b.mu.Lock()
-	if b.closed != nil {
-		b.mu.Unlock()
-		return b.closed
-	}
-	b.waiting = append(b.waiting, r)
-	b.mu.Unlock()
-	select {
-	case b.wake <- struct{}{}:
-	default:
-	}
-	return nil
 }
 
 // leave removes r from the queue after its caller's ctx ended, and reports
@@ -124,17 +130,32 @@ func (b *batcher) leave(r *request) bool {
 	return true
 }
 
-// run is the batcher's goroutine.
+// run is the batcher's goroutine: it starts a batch goroutine for what is
+// waiting whenever fewer than maxRunning run, and none is about to take
+// what waits (start).
 func (b *batcher) run() {
 	for {
 		select {
 		case <-b.s.ctx.Done():
 			b.close(context.Cause(b.s.ctx))
+			for ; b.running > 0; b.running-- {
+				<-b.ended
+			}
 			return
 		case <-b.wake:
+		case <-b.ended:
+			b.running--
 		}
-		for reqs := b.take(); len(reqs) > 0; reqs = b.take() {
-			b.runBatch(reqs, true)
+		for b.running < b.maxRunning {
+			reqs := b.start()
+			if len(reqs) == 0 {
+				break
+			}
+			b.running++
+			go func() {
+				defer func() { b.ended <- struct{}{} }()
+				b.runBatch(reqs, true)
+			}()
 		}
 	}
 }
@@ -151,9 +172,36 @@ func (b *batcher) close(err error) {
 	b.waiting = nil
 }
 
-// take dequeues the next batch: up to limit requests, in order.
-func (b *batcher) take() []*request {
-	return b.join(nil, nil)
+// start dequeues the next batch (up to limit requests, in order), unless
+// a batch that run started has not yet joined the requests waiting at its
+// first attempt: those will join it, sharing its transaction rather than
+// taking another connection.
+func (b *batcher) start() []*request {
+	b.mu.Lock()
+	joining := b.joining
+	b.mu.Unlock()
+	if joining > 0 {
+		return nil
+	}
+	reqs := b.join(nil, nil)
+	if len(reqs) > 0 {
+		b.mu.Lock()
+		b.joining++
+		b.mu.Unlock()
+	}
+	return reqs
+}
+
+// joined notes that a batch started by run has joined the waiting
+// requests (or ended without), and wakes run for what still waits.
+func (b *batcher) joined() {
+	b.mu.Lock()
+	b.joining--
+	b.mu.Unlock()
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
 }
 
 // join adds the waiting requests to reqs, in order, up to limit, and
@@ -162,6 +210,10 @@ func (b *batcher) take() []*request {
 // bound then covers theirs, unless it has already ended. Requests whose
 // ctx has ended are replied to with its cause instead.
 func (b *batcher) join(bound *batchBound, reqs []*request) []*request {
+	if bound != nil && bound.fresh {
+		bound.fresh = false
+		defer b.joined()
+	}
 	if bound != nil && bound.ctx.Err() != nil {
 		return reqs
 	}
@@ -185,13 +237,42 @@ func (b *batcher) join(bound *batchBound, reqs []*request) []*request {
 	return reqs
 }
 
-// runBatch runs one transaction for reqs, and, if join, the requests
-// that join it, and settles its outcome. Reruns that isolate requests do
-// not take in new ones.
+// runBatch runs one transaction for reqs, which grows, if join, with the
+// requests that join at the start of each of its attempts (attempt), and
+// settles its outcome. Reruns that isolate requests do not take in new
+// ones. After an ambiguous COMMIT the claims are resolved
+// (resolveClaims): if any is held, the transaction committed, ends
+// included.
 func (b *batcher) runBatch(reqs []*request, join bool) {
 	bound := newBatchBound(reqs)
+	bound.fresh = join
+	defer func() {
+		if bound.fresh { // ended before its first attempt joined
+			b.joined()
+		}
+	}()
 	defer bound.stop()
-	err := b.transact(bound, &reqs, join)
+	s := b.s
+	ctx, stop := s.bound(bound.ctx)
+	defer stop()
+	var claims []*request
+	err := s.alive()
+	if err == nil {
+		err = s.conn.transact(ctx, s.conn.batchTx, func(tx *Tx) error {
+			// Requests join before the attempt's first statement: a
+			// Finish of a claim that another batch committed must see it
+			// in its snapshot.
+			if join {
+				reqs = b.join(bound, reqs)
+			}
+			var ends []*request
+			claims, ends = split(reqs)
+			return b.attempt(ctx, tx, claims, ends)
+		})
+	}
+	if errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0 {
+		err = s.resolveClaims(ctx, b.process, claims, err) // nil: a claim is held, the transaction committed
+	}
 	b.settle(bound.ctx, reqs, err)
 }
 
@@ -201,6 +282,7 @@ func (b *batcher) runBatch(reqs []*request, join bool) {
 // its requests. The session bounds it too (Session.transact). Owned by the
 // batcher goroutine.
 type batchBound struct {
+	fresh     bool // started by run, and its first attempt has not joined yet
 	ctx       context.Context
 	cancel    context.CancelCauseFunc
 	timer     *time.Timer // fires at latest; nil while unbounded or not yet bounded
@@ -247,46 +329,42 @@ func (bb *batchBound) stop() {
 	bb.cancel(nil)
 }
 
-// transact runs one transaction for *reqs, which grows with the requests
-// that join at the start of each attempt: the ends first, then the claims,
-// so that a machine finished in the batch can be claimed again in it. It
-// returns the transaction's error; the requests' own outcomes are valid
-// only if it is nil. After an ambiguous COMMIT the claims are resolved
-// (resolveClaims): if any is held, the transaction committed, ends
-// included.
-func (b *batcher) transact(bound *batchBound, reqs *[]*request, join bool) error {
-	s, ctx := b.s, bound.ctx
-	priority := priorityClaim
-	if _, ends := split(*reqs); len(ends) > 0 {
-		priority = priorityEnd
+// attempt is one attempt of a batch's transaction: the claims first, right
+// after the snapshot that their retrievals read (the session check follows
+// the first claim statement), then the ends, then claims of the machines
+// those ends freed, then the last check before COMMIT.
+func (b *batcher) attempt(ctx context.Context, tx *Tx, claims, ends []*request) error {
+	s := b.s
+	for _, r := range claims {
+		r.suspect, r.panicked = false, nil
 	}
-	var claims []*request
-	err := s.transact(ctx, func(tx *Tx) error {
-		if join {
-			*reqs = b.join(bound, *reqs)
+	for _, r := range ends {
+		r.suspect, r.panicked = false, nil
+	}
+	var c *claimPass
+	if len(claims) > 0 {
+		c = b.newClaimPass(claims)
+		if err := c.run(ctx, tx); err != nil {
+			return err
 		}
-		for _, r := range *reqs {
-			r.suspect, r.panicked = false, nil
+	}
+	if c == nil || !c.checked {
+		if err := s.check(ctx, tx); err != nil {
+			return err
 		}
-		var ends []*request
-		claims, ends = split(*reqs)
-		if len(ends) > 0 {
-			if err := s.endInTx(ctx, tx, b.process, ends); err != nil {
+	}
+	if len(ends) > 0 {
+		freed, err := s.endInTx(ctx, tx, b.process, ends)
+		if err != nil {
+			return err
+		}
+		if c != nil {
+			if err := c.claimFreed(ctx, tx, freed); err != nil {
 				return err
 			}
 		}
-		if len(claims) > 0 {
-			return s.claimInTx(ctx, tx, b.process, claims)
-		}
-		return nil
-	}, claimSlot(priority))
-	if errors.Is(err, ErrAmbiguousCommit) && len(claims) > 0 {
-		if err := s.resolveClaims(ctx, b.process, claims, err); err != nil {
-			return err
-		}
-		return nil // a claim is held: the transaction committed
 	}
-	return err
+	return s.checkBeforeCommit(ctx, tx)
 }
 
 // settle is the failure policy: it replies to every request of a batch
@@ -294,7 +372,7 @@ func (b *batcher) transact(bound *batchBound, reqs *[]*request, join bool) error
 //   - Committed (nil), or an error that fails every request alike (the
 //     session's, the batch's context, ambiguous): each gets it.
 //   - Callbacks failed or panicked: their requests are the suspects. One
-//     suspect gets the error; several (a BatchCommit's) run again one by
+//     suspect gets the error; several (a SharedCommit's) run again one by
 //     one. The other requests run again as a batch.
 //   - A statement failed for a reason any request may have caused (a
 //     constraint an application added, say): each runs again alone.
@@ -364,7 +442,7 @@ func (b *batcher) reply(reqs []*request, err error) {
 }
 
 // callback runs fn, a callback of the application's for reqs (a retrieve,
-// a commit, a BatchCommit), and marks reqs as suspects if it fails or
+// a commit, a SharedCommit), and marks reqs as suspects if it fails or
 // panics. A panic is recovered here, on the batcher goroutine, and becomes
 // an error that rolls the attempt back; do panics again on the caller's.
 func callback(reqs []*request, fn func() error) (err error) {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 )
 
 // latch is a callback's wait, for holding a batch's transaction open while
@@ -117,11 +119,12 @@ func behindHeldClaim(t *testing.T, s *Session, x uuid.UUID, calls ...func()) (re
 
 // batchEnv is the setup of most batch tests: a database with the work
 // tests' tag table, a connection without injected failures (they are
-// choreographed) and a long interval, and a session.
+// choreographed), a long interval and one batch at a time (so that calls
+// queue behind a held one), and a session.
 func batchEnv(t *testing.T) (*env, *Connection, *Session) {
 	t.Helper()
 	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+	c := e.open(func(c *Config) { c.SessionInterval, c.MaxConcurrentBatches = 10*time.Second, 1 })
 	exact(c)
 	return e, c, e.session(c)
 }
@@ -167,6 +170,7 @@ func TestConcurrentWorksShareATransaction(t *testing.T) {
 	for i := range machines {
 		machines[i] = e.machine()
 	}
+	e.fence("install", machines...)
 	h := holdBatch(t, s, machines[0])
 	works := make([]*Work, n)
 	errs := make([]error, n)
@@ -201,9 +205,9 @@ func TestBatchedEndsFailOnlyTheirOwnCaller(t *testing.T) {
 	for i := range machines {
 		machines[i] = e.machine()
 	}
-	works, err := s.WorkBatch(context.Background(), "install", n+1, retrieveAll(machines...))
+	works, err := s.WorkMany(context.Background(), "install", n+1, retrieveAll(machines...))
 	if err != nil || len(works) != n+1 {
-		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
+		t.Fatalf("WorkMany = %d works, %v", len(works), err)
 	}
 	lost, bad, failed := works[1], works[2], works[3]
 	e.exec("DELETE FROM work WHERE machine_id = $1", lost.Machine())
@@ -287,7 +291,7 @@ func TestQueuedCallLeavesOnCancel(t *testing.T) {
 // behind it fail with ErrSessionClosed, and nothing they claimed stays.
 func TestCloseRacingABatch(t *testing.T) {
 	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = 2 * time.Second })
+	c := e.open(func(c *Config) { c.SessionInterval, c.MaxConcurrentBatches = 2*time.Second, 1 })
 	exact(c) // choreographed: no injected failures in cockroach mode
 	s, err := c.StartSession(context.Background())
 	if err != nil {
@@ -323,7 +327,7 @@ func TestCloseRacingABatch(t *testing.T) {
 	}
 }
 
-// CommitBatched: one BatchCommit call commits every Work of the batch that
+// CommitShared: one SharedCommit call commits every Work of the batch that
 // passes it; if it fails, the Works are finished one at a time, so that
 // only the one it refuses fails.
 func TestFinishCommitBatched(t *testing.T) {
@@ -332,13 +336,13 @@ func TestFinishCommitBatched(t *testing.T) {
 	for i := range machines {
 		machines[i] = e.machine()
 	}
-	works, err := s.WorkBatch(context.Background(), "install", len(machines), retrieveAll(machines...))
+	works, err := s.WorkMany(context.Background(), "install", len(machines), retrieveAll(machines...))
 	if err != nil || len(works) != len(machines) {
-		t.Fatalf("WorkBatch = %d works, %v", len(works), err)
+		t.Fatalf("WorkMany = %d works, %v", len(works), err)
 	}
 	bad := works[len(works)-1].Machine()
 	errBad := errors.New("refused")
-	g := NewBatchCommit(func(tx *Tx, ws []*Work) error {
+	g := NewSharedCommit(func(tx *Tx, ws []*Work) error {
 		var ids []uuid.UUID
 		for _, w := range ws {
 			if w.Machine() == bad {
@@ -357,14 +361,14 @@ func TestFinishCommitBatched(t *testing.T) {
 	errs := make([]error, len(works))
 	h.queue(func() { errs[0] = works[0].Finish(context.Background(), tagCommit(works[0].Machine())) })
 	for i, w := range works[1:] {
-		h.queue(func() { errs[i+1] = w.Finish(context.Background(), nil, CommitBatched(g)) })
+		h.queue(func() { errs[i+1] = w.Finish(context.Background(), nil, CommitShared(g)) })
 	}
 	h.release()
 	for i, w := range works {
 		switch {
 		case w.Machine() == bad:
 			if !errors.Is(errs[i], errBad) || e.tagged(bad) {
-				t.Errorf("batched Finish refused by the BatchCommit = %v (tagged %v), want its error and no tag", errs[i], e.tagged(bad))
+				t.Errorf("batched Finish refused by the SharedCommit = %v (tagged %v), want its error and no tag", errs[i], e.tagged(bad))
 			}
 		case errs[i] != nil || !e.tagged(w.Machine()):
 			t.Errorf("Finish of %s = %v (tagged %v)", w.Machine(), errs[i], e.tagged(w.Machine()))
@@ -374,9 +378,9 @@ func TestFinishCommitBatched(t *testing.T) {
 		t.Errorf("the refused Work is not open: Cancel = %v", err)
 	}
 	for name, finish := range map[string]func() error{
-		"nil BatchCommit":        func() error { return works[0].Finish(context.Background(), nil, CommitBatched(nil)) },
-		"commit and BatchCommit": func() error { return works[0].Finish(context.Background(), noCommit, CommitBatched(g)) },
-		"no commit":              func() error { return works[0].Finish(context.Background(), nil) },
+		"nil SharedCommit":        func() error { return works[0].Finish(context.Background(), nil, CommitShared(nil)) },
+		"commit and SharedCommit": func() error { return works[0].Finish(context.Background(), noCommit, CommitShared(g)) },
+		"no commit":               func() error { return works[0].Finish(context.Background(), nil) },
 	} {
 		if err := finish(); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("Finish with %s = %v, want ErrInvalidArgument", name, err)
@@ -397,14 +401,14 @@ func TestIsolatedRetryKeepsNothingToDo(t *testing.T) {
 			_, bad = s.Work(context.Background(), "install", func(*Tx) ([]uuid.UUID, error) { return nil, boom })
 		},
 		func() {
-			emptyWorks, empty = s.WorkBatch(context.Background(), "install", 1, func(*Tx) ([]uuid.UUID, error) { return nil, nil })
+			emptyWorks, empty = s.WorkMany(context.Background(), "install", 1, func(*Tx) ([]uuid.UUID, error) { return nil, nil })
 		})
 	h.release()
 	if !errors.Is(bad, boom) {
 		t.Errorf("the failing retrieve's Work = %v, want its error", bad)
 	}
 	if !errors.Is(empty, ErrNothingToDo) {
-		t.Errorf("WorkBatch with nothing = %d works, %v; want ErrNothingToDo", len(emptyWorks), empty)
+		t.Errorf("WorkMany with nothing = %d works, %v; want ErrNothingToDo", len(emptyWorks), empty)
 	}
 }
 
@@ -467,7 +471,7 @@ func TestStaleAndNewClaimOfAMachineInOneBatch(t *testing.T) {
 func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
 	e, _, s := batchEnv(t)
 	ms := []uuid.UUID{e.machine(), e.machine()}
-	works, err := s.WorkBatch(context.Background(), "install", 2, retrieveAll(ms...))
+	works, err := s.WorkMany(context.Background(), "install", 2, retrieveAll(ms...))
 	if err != nil || len(works) != 2 {
 		t.Fatal(err)
 	}
@@ -559,8 +563,7 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 func TestAmbiguousBatchWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	e := newWorkEnv(t)
 	// A long interval: no heartbeat commits while the hook is armed.
-	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
-	exact(c)
+	c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval, c.MaxConcurrentBatches = time.Minute, 1 }) // PostgreSQL's commit (the hook)
 	var armed atomic.Bool
 	var pass atomic.Int32 // commits let through while armed
 	c.hooks.commit = func(tx *sql.Tx) error {
@@ -572,6 +575,7 @@ func TestAmbiguousBatchWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	}
 	s := e.session(c)
 	a, b, x := e.machine(), e.machine(), e.machine()
+	e.fence("install", a, b, x)
 	wa, err := s.Work(context.Background(), "install", retrieveAll(a))
 	if err != nil {
 		t.Fatal(err)
@@ -666,8 +670,11 @@ func TestBatcherExitsWithTheSession(t *testing.T) {
 		defer b.mu.Unlock()
 		return b.closed != nil
 	})
-	if err := b.enqueue(&request{ctx: context.Background(), done: make(chan struct{})}); !errors.Is(err, ErrSessionClosed) {
-		t.Errorf("a request after the session's end = %v, want ErrSessionClosed", err)
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if !errors.Is(closed, ErrSessionClosed) {
+		t.Errorf("the batcher's reply to later requests = %v, want ErrSessionClosed", closed)
 	}
 	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); !errors.Is(err, ErrSessionClosed) {
 		t.Errorf("Work after Close = %v, want ErrSessionClosed", err)

@@ -12,7 +12,7 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
-// claimRequest is a Work or WorkBatch call: what to claim, and what was.
+// claimRequest is a Work or WorkMany call: what to claim, and what was.
 type claimRequest struct {
 	limit    int
 	retrieve func(tx *Tx) ([]uuid.UUID, error)
@@ -20,7 +20,9 @@ type claimRequest struct {
 	// The outcome, set by each attempt of its batch's transaction.
 	claims    []claim
 	abandoned []string // processes of the claims a takeover ended as Abandoned
-	err       error    // ErrNothingToDo or ErrWorkConflict
+	err       error    // ErrNothingToDo, ErrWorkConflict or ErrUnknownMachine
+
+	fenced bool // made claim rows for its candidates and ran again (errRerun); owned by its batch
 }
 
 // claim is one claim taken by a claim transaction.
@@ -30,85 +32,158 @@ type claim struct {
 	token   int64     // its fencing token
 }
 
-// claimInTx is the claims' part of a batch's transaction, all for process.
-// It runs every request's retrieve; then, in rounds of one multi-row
-// statement, claims for each the first of its candidates that no other
-// request took and that are free, up to its limit; then takes a claim of
-// an expired session over for each request left with none. A request's
-// ErrNothingToDo, ErrWorkConflict or ErrUnknownMachine is its own outcome;
-// any other error fails the transaction.
-func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []*request) error {
-	candidates := make([][]uuid.UUID, len(reqs))
-	for i, r := range reqs {
+// claimPass is the claims' part of one attempt of a batch's transaction,
+// all for one process: the requests, their candidates, and how far each
+// got. Owned by the batch's goroutine.
+type claimPass struct {
+	b          *batcher
+	reqs       []*request
+	candidates [][]uuid.UUID      // each request's, distinct, in its order
+	used       map[uuid.UUID]bool // candidates tried
+	checked    bool               // a claim statement has checked the session
+}
+
+func (b *batcher) newClaimPass(reqs []*request) *claimPass {
+	return &claimPass{b: b, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{}}
+}
+
+// run runs every request's retrieve, and hands their candidates to the
+// fencer; then, in rounds of one multi-row statement, claims for each the
+// first of its candidates that no other request took and that are free,
+// up to its limit (the first statement is also the session check, so that
+// the retrievals' snapshot is as fresh as can be when the candidates are
+// locked); then takes a claim of an expired session over for each
+// request left with none. A request's ErrNothingToDo, ErrWorkConflict or
+// ErrUnknownMachine is its own outcome; any other error fails the
+// attempt. A request left with nothing but candidates without a claim row
+// has their rows made, once, and the attempt runs again (errRerun): its
+// snapshot cannot see them.
+func (p *claimPass) run(ctx context.Context, tx *Tx) error {
+	b := p.b
+	for i, r := range p.reqs {
 		c := r.claim
 		c.claims, c.abandoned, c.err = nil, nil, nil
 		var ids []uuid.UUID
-		err := callback(reqs[i:i+1], func() (err error) {
+		err := callback(p.reqs[i:i+1], func() (err error) {
 			ids, err = c.retrieve(tx)
 			return err
 		})
 		if err != nil {
-			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", process, err)
+			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", b.process, err)
 		}
-		candidates[i] = distinct(ids)
+		p.candidates[i] = distinct(ids)
+		b.fences.ahead(p.candidates[i])
 	}
-	used := map[uuid.UUID]bool{}
-	next := make([]int, len(reqs)) // the next candidate of each request to try
+	if err := p.rounds(ctx, tx, func(uuid.UUID) bool { return true }); err != nil {
+		return err
+	}
+	if !p.checked {
+		if err := b.s.check(ctx, tx); err != nil {
+			return err
+		}
+		p.checked = true
+	}
+	return p.takeOvers(ctx, tx)
+}
+
+// rounds claims, in rounds of one statement, for each request the first
+// of its untried candidates (among those may allows) that are free, up to
+// its limit.
+func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool) error {
+	next := make([]int, len(p.reqs))
 	for {
 		var picks []uuid.UUID
 		owner := map[uuid.UUID]*claimRequest{}
-		for i, r := range reqs {
-			for need := r.claim.limit - len(r.claim.claims); need > 0 && next[i] < len(candidates[i]); next[i]++ {
-				m := candidates[i][next[i]]
-				if used[m] {
+		for i, r := range p.reqs {
+			for need := r.claim.limit - len(r.claim.claims); need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
+				m := p.candidates[i][next[i]]
+				if p.used[m] || !may(m) {
 					continue
 				}
-				used[m], owner[m] = true, r.claim
+				p.used[m], owner[m] = true, r.claim
 				picks = append(picks, m)
 				need--
 			}
 		}
 		if len(picks) == 0 {
-			break
+			return nil
 		}
-		got, err := s.claimMany(ctx, tx, process, picks)
+		got, err := p.b.s.claimMany(ctx, tx, p.b.process, picks)
 		if err != nil {
 			return err
 		}
+		p.checked = true
 		for _, c := range got {
 			owner[c.machine].claims = append(owner[c.machine].claims, c)
 		}
 	}
+}
+
+// takeOvers takes, for each request left with no claim, a claim of an
+// expired session over, or gives it its outcome.
+func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
+	s, process := p.b.s, p.b.process
 	claimed := map[uuid.UUID]bool{} // machines claimed in this transaction
-	for _, r := range reqs {
+	for _, r := range p.reqs {
 		for _, c := range r.claim.claims {
 			claimed[c.machine] = true
 		}
 	}
-	for i, r := range reqs {
+	for i, r := range p.reqs {
 		c := r.claim
 		if len(c.claims) > 0 {
 			continue
 		}
-		rest := make([]uuid.UUID, 0, len(candidates[i]))
-		for _, m := range candidates[i] {
+		rest := make([]uuid.UUID, 0, len(p.candidates[i]))
+		for _, m := range p.candidates[i] {
 			if !claimed[m] {
 				rest = append(rest, m)
 			}
 		}
-		got, abandoned, err := s.takeOverFirst(ctx, tx, process, rest)
-		if errors.Is(err, ErrNothingToDo) && len(rest) < len(candidates[i]) {
-			// Candidates went to other calls of this batch: claimed.
-			err = fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
-		}
+		got, abandoned, unfenced, err := s.takeOverFirst(ctx, tx, process, rest)
 		switch {
-		case errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrWorkConflict) || errors.Is(err, ErrUnknownMachine):
-			c.err = err
-		case err != nil:
-			return err
-		default:
+		case err == nil:
 			c.claims, c.abandoned = []claim{got}, abandoned
 			claimed[got.machine] = true
+			continue
+		case errors.Is(err, ErrUnknownMachine):
+		case !errors.Is(err, ErrNothingToDo) && !errors.Is(err, ErrWorkConflict):
+			return err
+		case len(unfenced) > 0 && !c.fenced:
+			if err := p.b.fences.ensure(ctx, unfenced); err != nil {
+				return fmt.Errorf("bmdb: Work(%q): %w", process, err)
+			}
+			c.fenced = true
+			return errRerun
+		case len(unfenced) > 0 || len(rest) < len(p.candidates[i]):
+			// Being made by another session, or taken by other calls
+			// of this batch: claimed.
+			err = fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		}
+		c.err = err
+	}
+	return nil
+}
+
+// claimFreed claims, for the requests that want more, those of their
+// candidates that the batch's ends freed: tried before the ends ran, they
+// were this session's own claims then.
+func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) error {
+	set := make(map[uuid.UUID]bool, len(freed))
+	for _, m := range freed {
+		if p.used[m] {
+			p.used[m], set[m] = false, true
+		}
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	if err := p.rounds(ctx, tx, func(m uuid.UUID) bool { return set[m] }); err != nil {
+		return err
+	}
+	for _, r := range p.reqs {
+		if len(r.claim.claims) > 0 {
+			r.claim.err = nil
 		}
 	}
 	return nil
@@ -116,17 +191,39 @@ func (s *Session) claimInTx(ctx context.Context, tx *Tx, process string, reqs []
 
 // claimMany claims, with one WorkClaimMany, each of machines that is
 // neither claimed for process nor in backoff for it, and returns the claims
-// made, in the order of machines.
+// made, in the order of machines. The statement checks the session too (as
+// Session.check does): it fails with the session's error if it has ended.
+//
+// Under snapshot isolation (PostgreSQL's REPEATABLE READ) the statement
+// fails with 40001 if one of machines was claimed or ended by a
+// transaction that committed after this one's snapshot (first committer
+// wins: WorkClaimMany): a retrieval that read before that commit returned
+// it. claimMany returns that as errStale: the attempt runs again, at once,
+// with a snapshot that sees the commit, and its retrievals do too.
 func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]claim, error) {
 	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
 		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 	})
-	if err != nil {
+	switch {
+	case err == nil:
+	case s.conn.batchTx == snapshot && sqlState(err) == codeSerializationFailure:
+		s.conn.stats.process(process).stale.Add(1)
+		return nil, fmt.Errorf("%w: %w", errStale, err)
+	default:
 		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
+	}
+	if len(rows) == 0 || !rows[0].Alive { // the statement is the session check too
+		s.expire()
+		return nil, context.Cause(s.ctx)
+	}
+	if hook := s.conn.hooks.afterSessionCheck; hook != nil {
+		hook(s.id)
 	}
 	byMachine := make(map[uuid.UUID]claim, len(rows))
 	for _, r := range rows {
-		byMachine[r.MachineID] = claim{machine: r.MachineID, id: r.ClaimID.UUID, token: r.FencingToken.Int64}
+		if r.MachineID.Valid {
+			byMachine[r.MachineID.UUID] = claim{machine: r.MachineID.UUID, id: r.ClaimID.UUID, token: r.FencingToken.Int64}
+		}
 	}
 	var claimed []claim
 	for _, m := range machines {
@@ -137,24 +234,29 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 	return claimed, nil
 }
 
+// errStale ends a batch attempt whose claim statement met a candidate
+// that another transaction claimed or ended after its snapshot.
+var errStale = fmt.Errorf("%w: a candidate was claimed or ended after the snapshot", errRerun)
+
 // takeOverFirst takes over the first candidate whose claim is held by an
 // expired session, or says why no candidate can be claimed: ErrWorkConflict
 // if one is claimed by a live session or being claimed by another
 // transaction (machines another process is working on), ErrNothingToDo if
-// all are in backoff, ErrUnknownMachine if one is not a machine. It reads
-// the candidates' states in one statement,
-// and returns the processes of the claims it ended as Abandoned.
-func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (claim, []string, error) {
+// all are in backoff or have no claim row yet (unfenced, which it
+// returns), ErrUnknownMachine if one is not a machine. It reads the
+// candidates' states in one statement, and returns the processes of the
+// claims it ended as Abandoned.
+func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (_ claim, abandoned []string, unfenced []uuid.UUID, _ error) {
 	if len(candidates) == 0 {
-		return claim{}, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+		return claim{}, nil, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 	}
 	states, err := tx.q.WorkClaimStates(ctx, store.WorkClaimStatesParams{MachineIds: candidates, Process: process})
 	if err != nil {
-		return claim{}, nil, fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
+		return claim{}, nil, nil, fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
 	}
 	for i, state := range states {
 		if !state.Known {
-			return claim{}, nil, fmt.Errorf("%w: retrieve returned %s for %q, which is not in the machines table", ErrUnknownMachine, candidates[i], process)
+			return claim{}, nil, nil, fmt.Errorf("%w: retrieve returned %s for %q, which is not in the machines table", ErrUnknownMachine, candidates[i], process)
 		}
 	}
 	conflict := false
@@ -163,13 +265,16 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 		switch {
 		case state.InBackoff:
 			continue
+		case !state.Fenced && !state.Holder.Valid:
+			unfenced = append(unfenced, machine)
+			continue
 		case !state.Holder.Valid || state.HolderLive || state.Holder.UUID == s.id:
 			conflict = true
 			continue
 		}
 		abandoned, err := s.takeOver(ctx, tx, process, machine, state.Holder.UUID)
 		if err != nil {
-			return claim{}, nil, err
+			return claim{}, nil, nil, err
 		}
 		if abandoned == nil { // the holder came back to life, or went: try the next
 			conflict = true
@@ -177,18 +282,18 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 		}
 		got, err := s.claimMany(ctx, tx, process, []uuid.UUID{machine})
 		if err != nil {
-			return claim{}, nil, err
+			return claim{}, nil, nil, err
 		}
 		if len(got) == 0 { // being claimed by another transaction
 			conflict = true
 			continue
 		}
-		return got[0], abandoned, nil
+		return got[0], abandoned, nil, nil
 	}
 	if conflict {
-		return claim{}, nil, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+		return claim{}, nil, unfenced, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 	}
-	return claim{}, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	return claim{}, nil, unfenced, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
 // takeOver supersedes the expired session holding (machine, process): it
@@ -231,7 +336,7 @@ func (s *Session) resolveClaims(ctx context.Context, process string, reqs []*req
 	}
 	held := map[uuid.UUID]bool{}
 	for delay := txRetryBase; ; delay = min(2*delay, txRetryCap) {
-		err := s.transact(ctx, func(tx *Tx) error {
+		err := s.transact(ctx, s.conn.batchTx, func(tx *Tx) error {
 			clear(held)
 			for _, c := range all {
 				w, err := tx.q.WorkGet(ctx, store.WorkGetParams{MachineID: c.machine, Process: process})
@@ -244,7 +349,7 @@ func (s *Session) resolveClaims(ctx context.Context, process string, reqs []*req
 				}
 			}
 			return nil
-		}, claimSlot(priorityEnd))
+		})
 		if err == nil {
 			break
 		}
@@ -273,24 +378,21 @@ func (s *Session) resolveClaims(ctx context.Context, process string, reqs []*req
 }
 
 // recordClaims counts a claim call of process that asked for limit
-// machines and got claimed, with err, in Stats and in the metrics: the
-// machines asked for, and conflicts and nothing-to-do apart.
+// machines and got claimed, with err: the machines asked for, and
+// conflicts and nothing-to-do apart.
 func (c *Connection) recordClaims(process string, limit, claimed int, err error) {
-	st, m := &c.stats, c.metrics
-	m.asked(process, limit)
+	p := c.stats.process(process)
+	p.asked.Add(int64(limit))
 	switch {
 	case errors.Is(err, ErrWorkConflict):
-		st.claimConflicts.Add(1)
-		m.conflict(process)
+		p.conflicts.Add(1)
 	case errors.Is(err, ErrNothingToDo):
-		st.claimNothingToDo.Add(1)
-		m.nothingToDo(process)
+		p.nothing.Add(1)
 	case err != nil:
 		return
 	}
-	st.claimCalls.Add(1)
-	st.claimsAsked.Add(int64(limit))
-	st.claimed.Add(int64(claimed))
+	p.calls.Add(1)
+	p.claimed.Add(int64(claimed))
 }
 
 // distinct returns ids without repetitions, in first-seen order.

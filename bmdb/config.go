@@ -1,13 +1,14 @@
 package bmdb
 
 import (
-	"cmp"
+	"database/sql/driver"
+	"fmt"
 	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // Defaults and limits of Config and of the arguments of Session methods.
@@ -23,6 +24,8 @@ const (
 	MaxIdleConnsDefault = 32
 	// MaxBatchSizeDefault is the default Config.MaxBatchSize.
 	MaxBatchSizeDefault = 100
+	// MaxConcurrentBatchesDefault is the default Config.MaxConcurrentBatches.
+	MaxConcurrentBatchesDefault = 2
 	// StatementCacheSizeDefault is the default Config.StatementCacheSize.
 	StatementCacheSizeDefault = 128
 	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
@@ -34,16 +37,16 @@ const (
 	// for the commit's round trip and the clocks' offset.
 	MaxTransactionDurationDefault = 2 * time.Second
 
-	// MaxComponentNameLength is the longest Config.ComponentName, in bytes.
-	MaxComponentNameLength = 255
-	// MaxRuntimeInfoLength is the longest Config.RuntimeInfo, in bytes.
-	MaxRuntimeInfoLength = 4096
-	// MaxProcessLength is the longest process name, in bytes.
-	MaxProcessLength = 128
-	// MaxCauseLength is the longest failure cause stored by Work.Fail, in
+	// The longest Config.ComponentName, in bytes.
+	maxComponentNameLength = 255
+	// The longest Config.RuntimeInfo, in bytes.
+	maxRuntimeInfoLength = 4096
+	// The longest process name, in bytes.
+	maxProcessLength = 128
+	// maxCauseLength is the longest failure cause stored by Work.Fail, in
 	// bytes; longer causes are truncated (at a UTF-8 boundary), not refused,
 	// so that a failure is always recorded.
-	MaxCauseLength = 4096
+	maxCauseLength = 4096
 )
 
 // Config configures a Connection. Only DSN and ComponentName are required.
@@ -55,11 +58,11 @@ type Config struct {
 	DSN string
 
 	// ComponentName names the component in its sessions rows, e.g.
-	// "provisioner". Required; at most MaxComponentNameLength bytes.
+	// "provisioner". Required; at most 255 bytes.
 	ComponentName string
 
 	// RuntimeInfo is free text stored with each session, e.g. host name,
-	// pid and version, for operators. At most MaxRuntimeInfoLength bytes.
+	// pid and version, for operators. At most 4096 bytes.
 	// Defaults to empty.
 	RuntimeInfo string
 
@@ -87,9 +90,9 @@ type Config struct {
 	SkipMigrations bool
 
 	// Application, if not nil, is the application's own schema, migrated
-	// (or checked) by Open after bmdb's. Defaults to nil: bmdb's schema
-	// only.
-	Application *Application
+	// (or checked) by Open after bmdb's (see migrations.NewApplication).
+	// Defaults to nil: bmdb's schema only.
+	Application *migrations.Application
 
 	// MaxTxAttempts bounds the attempts of one transaction that keeps
 	// failing with serialization errors; then it returns
@@ -116,25 +119,37 @@ type Config struct {
 	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
 	MaxOpenConns int
 
-	// ClaimConcurrency bounds how many claim transactions (the batches of
-	// Work, WorkBatch, Finish, Cancel and Fail, and ClearBackoff) of the
-	// connection run at once; the others wait their turn (ctx-aware), ends
-	// first. On PostgreSQL, SERIALIZABLE tracks reads of the small, hot work
-	// index per page, so concurrent claim transactions abort each other
-	// whatever machines they touch: 0 means 1 there. With 0 or 1, once a
-	// batch transaction has failed with a serialization error (another
-	// process's ran beside it), the batch transactions of every connection
-	// (each learns it at its next session check) take a lock of the
-	// claim_gate table for the next 30 s, before their snapshot, which
-	// serializes them: processes then neither abort each other nor miss
-	// each other's claims, and a process alone pays nothing for it. A transaction
-	// stalled while it holds the gate delays the gated processes' claims
-	// and ends by up to lock_timeout (then they retry), until the server
-	// ends it (idle_in_transaction_session_timeout).
-	// On CockroachDB, whose conflicts are per key, 0 means no bound and no
-	// gate. Negative means no bound and no gate on either. Session.Transact
-	// is never bounded.
-	ClaimConcurrency int
+	// SerializableBatches runs the batch transactions (the claims and
+	// ends of Work, WorkMany, Finish, Cancel and Fail) SERIALIZABLE on
+	// PostgreSQL, like Session.Transact: retrievals and commit callbacks
+	// get PostgreSQL's full serializability, and processes' batches may
+	// abort each other (and retry) through its page-level read tracking,
+	// whatever machines they touch. By default they run at snapshot
+	// isolation (REPEATABLE READ), under which batches neither wait for nor
+	// abort each other unless they touch the same (machine, process): what
+	// each guarantees is "Isolation" in the package doc. On CockroachDB
+	// batches are SERIALIZABLE whatever this says (its conflicts are per
+	// key). Defaults to false.
+	SerializableBatches bool
+
+	// MaxConcurrentBatches bounds how many batch transactions of one
+	// session and process run at once, each on a connection of its own:
+	// when calls wait while a batch runs, the session's batcher starts
+	// another batch for them, up to this many (see "Batches" in the
+	// package doc). 1 runs one batch at a time. Must be in [1, 64].
+	// Defaults to MaxConcurrentBatchesDefault.
+	MaxConcurrentBatches int
+
+	// WrapConnector, if not nil, wraps lib/pq's driver.Connector, under
+	// bmdb's driver wrapper, for each pool bmdb opens: the Connection's,
+	// and Open's migrations'. For tests that stand in for another server
+	// or inject its faults (cockroach mode is such a wrapper), or for
+	// instrumentation. The connector it returns must return lib/pq's
+	// connections, or forward every call to them (bmdb's wrapper above it
+	// bounds each call by its context, cutting the socket when it ends,
+	// and applies the server-side timeouts). Defaults to nil: lib/pq's
+	// connector as it is.
+	WrapConnector func(driver.Connector) driver.Connector
 
 	// Metrics receives the connection's Prometheus metrics (see
 	// NewMetrics). Defaults to nil: metrics are kept but exported nowhere.
@@ -164,13 +179,9 @@ type Config struct {
 
 	// MaxBatchSize bounds how many calls of a session for one process one
 	// batch serves (see "Batches" in the package doc). Must be in
-	// [1, MaxBatch]; 1 gives every call a transaction of its own. Defaults
+	// [1, MaxWorkMany]; 1 gives every call a transaction of its own. Defaults
 	// to MaxBatchSizeDefault.
 	MaxBatchSize int
-
-	// Deprecated: MaxGroupSize is the former name of MaxBatchSize, used
-	// when MaxBatchSize is not set.
-	MaxGroupSize int
 
 	// StatementCacheSize is how many statements with parameters each
 	// pooled connection keeps prepared, least recently used first out:
@@ -187,18 +198,6 @@ type Config struct {
 	// prepared (bmdb's own are prepared whatever this says); 0 means
 	// StatementCacheSizeDefault. At most 10000.
 	StatementCacheSize int
-
-	// cockroachMode, if set (tests in this package), replaces the
-	// process-wide crdbmode settings for this Connection.
-	cockroachMode *crdbmode.Settings
-}
-
-// mode returns the cockroach-mode settings of c.
-func (c Config) mode() crdbmode.Settings {
-	if c.cockroachMode != nil {
-		return *c.cockroachMode
-	}
-	return crdbmode.Get()
 }
 
 // withDefaults returns c with every unset field at its default.
@@ -228,7 +227,10 @@ func (c Config) withDefaults() Config {
 		c.StatementCacheSize = StatementCacheSizeDefault
 	}
 	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = cmp.Or(c.MaxGroupSize, MaxBatchSizeDefault)
+		c.MaxBatchSize = MaxBatchSizeDefault
+	}
+	if c.MaxConcurrentBatches == 0 {
+		c.MaxConcurrentBatches = MaxConcurrentBatchesDefault
 	}
 	if c.MaxTransactionDuration == 0 {
 		c.MaxTransactionDuration = MaxTransactionDurationDefault
@@ -243,12 +245,12 @@ func (c Config) validate() error {
 		return invalidArgument("Config.DSN is empty")
 	case c.ComponentName == "":
 		return invalidArgument("Config.ComponentName is empty")
-	case len(c.ComponentName) > MaxComponentNameLength:
-		return invalidArgument("Config.ComponentName is %d bytes long, more than %d", len(c.ComponentName), MaxComponentNameLength)
+	case len(c.ComponentName) > maxComponentNameLength:
+		return invalidArgument("Config.ComponentName is %d bytes long, more than %d", len(c.ComponentName), maxComponentNameLength)
 	case !validText(c.ComponentName):
 		return invalidArgument("Config.ComponentName is not valid UTF-8 or contains NUL")
-	case len(c.RuntimeInfo) > MaxRuntimeInfoLength:
-		return invalidArgument("Config.RuntimeInfo is %d bytes long, more than %d", len(c.RuntimeInfo), MaxRuntimeInfoLength)
+	case len(c.RuntimeInfo) > maxRuntimeInfoLength:
+		return invalidArgument("Config.RuntimeInfo is %d bytes long, more than %d", len(c.RuntimeInfo), maxRuntimeInfoLength)
 	case !validText(c.RuntimeInfo):
 		return invalidArgument("Config.RuntimeInfo is not valid UTF-8 or contains NUL")
 	case c.SessionInterval <= 0:
@@ -261,8 +263,8 @@ func (c Config) validate() error {
 		return invalidArgument("Config.GCGracePeriod is %v, must not be negative", c.GCGracePeriod)
 	case c.MaxTxAttempts <= 0:
 		return invalidArgument("Config.MaxTxAttempts is %d, must be positive", c.MaxTxAttempts)
-	case c.ClaimConcurrency > 10000:
-		return invalidArgument("Config.ClaimConcurrency is %d, more than 10000", c.ClaimConcurrency)
+	case c.MaxConcurrentBatches < 1 || c.MaxConcurrentBatches > 64:
+		return invalidArgument("Config.MaxConcurrentBatches is %d, must be in [1, 64]", c.MaxConcurrentBatches)
 	case c.MaxOpenConns < 0:
 		return invalidArgument("Config.MaxOpenConns is %d, must not be negative", c.MaxOpenConns)
 	case c.MaxIdleConns < 0:
@@ -273,12 +275,10 @@ func (c Config) validate() error {
 		return invalidArgument("Config.MaxClockOffset is %v, must not be negative", c.MaxClockOffset)
 	case c.StatementCacheSize > 10000:
 		return invalidArgument("Config.StatementCacheSize is %d, more than 10000", c.StatementCacheSize)
-	case c.MaxGroupSize < 0 || c.MaxGroupSize > MaxBatch:
-		return invalidArgument("Config.MaxGroupSize is %d, must be in [1, %d]", c.MaxGroupSize, MaxBatch)
-	case c.MaxBatchSize < 1 || c.MaxBatchSize > MaxBatch:
-		return invalidArgument("Config.MaxBatchSize is %d, must be in [1, %d]", c.MaxBatchSize, MaxBatch)
-	case c.Application != nil:
-		return c.Application.validate()
+	case c.MaxBatchSize < 1 || c.MaxBatchSize > MaxWorkMany:
+		return invalidArgument("Config.MaxBatchSize is %d, must be in [1, %d]", c.MaxBatchSize, MaxWorkMany)
+	case c.Application != nil && c.Application.Validate() != nil:
+		return fmt.Errorf("%w: Config.Application: %w", ErrInvalidArgument, c.Application.Validate())
 	}
 	return nil
 }
@@ -287,7 +287,7 @@ func (c Config) validate() error {
 // what is wrong, if process is not a valid process name. This is the one
 // rule for process names, applied wherever one enters bmdb (Session.Work
 // and its relatives, worker.Config.Process, bmdbctl's flags, the web
-// pages' query parameters): a process name is 1 to MaxProcessLength bytes
+// pages' query parameters): a process name is 1 to 128 bytes
 // of valid UTF-8 with no white space (spaces, tabs, newlines, or any other
 // Unicode space) and no control characters (NUL, C0 and C1 controls,
 // DEL). Letters of any script, digits and punctuation are fine, e.g.
@@ -296,8 +296,8 @@ func ValidateProcess(process string) error {
 	switch {
 	case process == "":
 		return invalidArgument("process name is empty")
-	case len(process) > MaxProcessLength:
-		return invalidArgument("process name is %d bytes long, more than %d", len(process), MaxProcessLength)
+	case len(process) > maxProcessLength:
+		return invalidArgument("process name is %d bytes long, more than %d", len(process), maxProcessLength)
 	case !utf8.ValidString(process):
 		return invalidArgument("process name %q is not valid UTF-8", process)
 	}
@@ -312,14 +312,14 @@ func ValidateProcess(process string) error {
 	return nil
 }
 
-// truncateCause shortens cause to at most MaxCauseLength bytes without
+// truncateCause shortens cause to at most maxCauseLength bytes without
 // splitting a UTF-8 sequence, and replaces invalid UTF-8.
 func truncateCause(cause string) string {
 	cause = toValidUTF8(cause)
-	if len(cause) <= MaxCauseLength {
+	if len(cause) <= maxCauseLength {
 		return cause
 	}
-	cut := MaxCauseLength
+	cut := maxCauseLength
 	for cut > 0 && !utf8.RuneStart(cause[cut]) {
 		cut--
 	}

@@ -11,21 +11,18 @@ import (
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
-	"github.com/bmdb-dev/bmdb/internal/dbconn"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // The tests of bmdb's CockroachDB paths. Each forces cockroach mode on its
-// own Connections (Config.cockroachMode), so they run on every test run,
+// own Connections (withMode), so they run on every test run,
 // whether the suite as a whole runs in cockroach mode or not; on a real
 // CockroachDB cluster they run as they are.
 
-// cockroachMode returns a Config modifier forcing cockroach mode with no
-// random injection (tests inject what they need through faults).
-func cockroachMode(c *Config) {
-	c.cockroachMode = &crdbmode.Settings{Enabled: true, RetryRate: 0}
-}
+// cockroachMode is a Config modifier forcing cockroach mode with no random
+// injection (tests inject what they need through emulatorOf).
+func cockroachMode(c *Config) { withMode(crdbmode.Settings{Enabled: true, RetryRate: 0})(c) }
 
 // injected returns a database error with code, as the injector's.
 func injected(code, msg string) error {
@@ -90,7 +87,7 @@ func TestCockroachRetriedHeartbeatOfExpiredSessionRefused(t *testing.T) {
 	c := e.open(cockroachMode, func(c *Config) { c.SessionInterval = 2 * time.Second })
 	s := e.session(c)
 	var stage atomic.Int32 // 0 idle, 1 armed, 2 poke ran, 3 injected
-	c.faults.Hook(func(query string) error {
+	emulatorOf(c).Hook(func(query string) error {
 		switch {
 		case stage.Load() == 1 && strings.Contains(query, "UPDATE sessions") && strings.Contains(query, "SET deadline"):
 			stage.Store(2)
@@ -125,7 +122,7 @@ func TestCockroachRetriesExhaustedAtRelease(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(cockroachMode, func(c *Config) { c.MaxTxAttempts = 5 })
 	s := e.session(c)
-	c.faults.Hook(func(query string) error {
+	emulatorOf(c).Hook(func(query string) error {
 		if query == sqlRelease {
 			return injected(codeSerializationFailure, "restart transaction (injected at RELEASE)")
 		}
@@ -161,16 +158,16 @@ func TestCockroachAmbiguousCommit(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name      string
-		fate      dbconn.CommitFate
+		fate      crdbmode.CommitFate
 		committed bool
 	}{
-		{"40003 after commit", dbconn.CommitThen40003, true},
-		{"40003 before commit", dbconn.RollbackThen40003, false},
-		{"lost after commit", dbconn.CommitThenLost, true},
-		{"lost before commit", dbconn.RollbackThenLost, false},
+		{"40003 after commit", crdbmode.CommitThen40003, true},
+		{"40003 before commit", crdbmode.RollbackThen40003, false},
+		{"lost after commit", crdbmode.CommitThenLost, true},
+		{"lost before commit", crdbmode.RollbackThenLost, false},
 	} {
 		m := e.machine()
-		c.faults.NextCommit(tc.fate)
+		emulatorOf(c).NextCommit(tc.fate)
 		w, err := s.Work(ctx, "install", retrieveAll(m))
 		if tc.committed {
 			if err != nil {
@@ -187,7 +184,7 @@ func TestCockroachAmbiguousCommit(t *testing.T) {
 			t.Errorf("%s: claim left behind", tc.name)
 		}
 
-		c.faults.NextCommit(tc.fate)
+		emulatorOf(c).NextCommit(tc.fate)
 		err = s.Transact(ctx, func(tx *Tx) error {
 			_, err := tx.DBTX().ExecContext(ctx, "UPDATE machines SET machine_created_at = '2000-01-01' WHERE machine_id = $1", m)
 			return err

@@ -22,29 +22,30 @@
 // Abandoned, and takes the machine. Expired sessions nobody took over are
 // deleted by garbage collection that every live session runs periodically.
 //
-// Every transaction re-checks its session. Session.Transact and the batches
-// of Work, WorkBatch, Finish, Cancel and Fail run in SERIALIZABLE
-// transactions whose first statement reads the session row and checks
-// deadline > statement_timestamp(), and whose last statement, right before
+// Every transaction re-checks its session. Session.Transact runs
+// SERIALIZABLE transactions, and the batches of Work, WorkMany, Finish,
+// Cancel and Fail run at snapshot isolation on PostgreSQL (see
+// Isolation); each reads the session row and checks deadline >
+// statement_timestamp() before its first write (a batch that claims does
+// it in its first claim statement), and, as its last statement before
 // COMMIT, checks the local deadline and the database clock again; Finish,
-// Cancel and Fail also delete their claim only if this session still holds
-// it. A takeover or GC deletes the superseded session's row, and that write
-// orders it against every open transaction of the session, by a mechanism
-// that differs by engine:
+// Cancel and Fail also delete their claim only if this session still
+// holds it. A takeover or GC deletes the superseded session's row, and
+// that write orders it against every open transaction of the session, by
+// a mechanism that differs by engine:
 //
-//   - PostgreSQL: the first check locks the row FOR KEY SHARE, so the
-//     takeover's delete waits for the transaction to end (or aborts it).
+//   - PostgreSQL: the check locks the row FOR KEY SHARE, so the takeover's
+//     delete waits for the transaction to end (or aborts it).
 //   - CockroachDB: FOR KEY SHARE is a plain read under SERIALIZABLE (shared
-//     locking is off by default, and bmdb pins it off on every connection:
-//     on, the heartbeat's UPDATE would wait for every open transaction of
-//     its session). The delete lands above the transaction's read
-//     timestamp: the transaction either commits below it, serialized before
-//     the takeover, or is pushed above it and fails its read refresh
-//     (40001), and its retry finds no session. The heartbeat rewrites the
-//     same row, so a transaction older than the closed timestamp (3 s),
-//     whose commit is pushed, would fail its refresh on every attempt: an
-//     attempt is bounded by Config.MaxTransactionDuration
-//     (ErrTransactionTooLong).
+//     locking is off by default, and bmdb pins it off: on, the heartbeat's
+//     UPDATE would wait for every open transaction of its session). The
+//     delete lands above the transaction's read timestamp: the transaction
+//     either commits below it, serialized before the takeover, or is
+//     pushed above it and fails its read refresh (40001), and its retry
+//     finds no session. The heartbeat rewrites the same row, so a
+//     transaction older than the closed timestamp (3 s), whose commit is
+//     pushed, would fail its refresh on every attempt: an attempt is
+//     bounded by Config.MaxTransactionDuration (ErrTransactionTooLong).
 //
 // So a worker that was partitioned, stalled or killed commits nothing after
 // it lost its claim.
@@ -93,19 +94,21 @@
 //
 // # Batches
 //
-// A session runs its claims and ends of each process on one goroutine,
-// the process's batcher, started on first use and ended with the session.
-// Work, WorkBatch, Finish, Cancel and Fail hand it a request and wait for
-// their own reply. The batcher takes what is waiting, up to
-// Config.MaxBatchSize requests, and runs one transaction for it (each
-// attempt also takes in the calls that arrived while it began), with one
-// multi-row statement per kind of end and per round of claims: the ends
-// first, then the claims, each running its own retrieve, so a machine
-// finished in a batch can be claimed again in it and each claim gets
-// machines no other claim of the batch got. Batches form from what waits
-// while the previous one runs: no timer adds latency at low load, and at
-// high load one transaction serves many calls. A Connection runs its
-// batches' transactions Config.ClaimConcurrency at a time, ends first.
+// A session runs its claims and ends of each process through one
+// goroutine, the process's batcher, started on first use and ended with
+// the session. Work, WorkMany, Finish, Cancel and Fail hand it a request
+// and wait for their own reply. The batcher takes what is waiting, up to
+// Config.MaxBatchSize requests, and runs one transaction for it, a batch
+// (each attempt also takes in the calls that arrived while it began),
+// with one multi-row statement per kind of end and per round of claims:
+// the claims first, each request's retrieve and then its claims, right
+// after the snapshot the retrievals read; then the ends; then, for claims
+// that want more, the machines those ends freed. Each claim gets machines
+// no other claim of the batch got. Batches form from what waits while the
+// previous one runs: no timer adds latency at low load, and at high load
+// one transaction serves many calls. While a batch runs and calls wait
+// that it did not take in, the batcher starts another batch for them, on
+// another connection, up to Config.MaxConcurrentBatches at once.
 //
 // Each call gets its own outcome, nil only once its batch committed, and
 // one call's failure is its own: a lost claim fails only its end
@@ -117,31 +120,79 @@
 // COMMIT the batch's claims are looked up: if any is held, the batch
 // committed. A call whose ctx ends while it waits leaves without effect;
 // once its batch has begun, it waits for the outcome, which the session and
-// the latest deadline of the batch's calls bound. Callbacks run on the
-// batcher goroutine, so they must not call Work or the ends of the same
-// session and process: they would wait for their own batch.
+// the latest deadline of the batch's calls bound. Callbacks run on a batch
+// goroutine, so they must not call Work or the ends of the same session
+// and process: they would wait for their own batch.
 //
-// Claims of different processes (sessions, connections, hosts) do not wait
-// for each other's uncommitted claims. A claim statement locks its
-// candidates' machine rows with SKIP LOCKED and claims only those it
-// locked, so a machine another transaction is claiming is skipped, not
-// waited for; a takeover skips an expired session another transaction is
-// superseding. A call whose candidates were all taken returns
-// ErrWorkConflict, which tells "others hold or are taking these" from
-// ErrNothingToDo. On PostgreSQL, whose SERIALIZABLE aborts concurrent claim
-// transactions through the small work index whatever machines they touch,
-// once a batch has failed with a serialization error every process's
-// batches take a table lock (claim_gate) before their snapshot for a while,
-// so processes' batches run one at a time and see each other's claims
-// (Config.ClaimConcurrency). On CockroachDB they run concurrently: its
-// conflicts are per key.
+// Claims of different processes (sessions, connections, hosts) neither
+// wait for nor abort each other unless they touch the same (machine,
+// process), and nothing serializes them. Each (machine, process) has a
+// claim row (work_fencing) that every claim and every end of the pair
+// writes, and a claim statement locks its candidates' claim rows with
+// SKIP LOCKED and claims only those it locked: a machine another
+// transaction is claiming or ending for the process is skipped, not waited
+// for. No retrieval, foreign key or operator's query reads that row (the
+// machine's own row is not locked: on CockroachDB an exclusive lock also
+// blocks plain reads). A takeover skips an expired session another
+// transaction is taking over. A call whose candidates were all taken
+// returns ErrWorkConflict, which tells "others hold or are taking these"
+// from ErrNothingToDo. A pair's claim row is made before its first claim,
+// outside any claim transaction, so that no claim waits for another's
+// insert of it: from the candidates retrievals return, on a goroutine of
+// the batcher's, and, for a claim that finds nothing but pairs without
+// one, on the spot, after which that batch runs again with a new snapshot.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in
-// one WorkBatch, a handler's slot is free again as soon as its work is
+// one WorkMany, a handler's slot is free again as soon as its work is
 // done, so the end of one machine and the claim of the next share a
-// transaction, and its handlers' ends are batched. A BatchCommit, passed
-// to Finish with CommitBatched, commits the results of a batch's Works in
+// transaction, and its handlers' ends are batched. A SharedCommit, passed
+// to Finish with CommitShared, commits the results of a batch's Works in
 // one call.
+//
+// # Isolation
+//
+// Session.Transact is SERIALIZABLE on both engines. Batches are
+// SERIALIZABLE on CockroachDB, whose conflicts are per key. On PostgreSQL,
+// whose SERIALIZABLE tracks reads per index page, so that batches on a
+// small, hot table would abort each other whatever machines they touch,
+// batches run at snapshot isolation (REPEATABLE READ), unless
+// Config.SerializableBatches is set. Under snapshot
+// isolation every statement of a transaction reads one snapshot, and of
+// two transactions that write the same row the second to commit fails
+// (first committer wins). What holds by construction:
+//
+//   - One live claim per (machine, process): the work table's primary key.
+//   - A claim of (machine, process) commits only if no claim or end of the
+//     pair committed after its transaction's snapshot: every claim and
+//     every end writes the pair's claim row in the transaction that
+//     claims or ends, and the claim locks that row, so it fails if another
+//     wrote it after the snapshot (40001). So a retrieval that read the
+//     process's own state of a machine (its tags, its claims, its
+//     backoffs) can never lead to processing the machine twice, even a
+//     retrieval that ignores claims: the claim that would act on a
+//     retrieval older than the machine's last claim or end fails, and the
+//     batch runs again, at once, with a new snapshot (Stats.ClaimsStale,
+//     not a transaction retry). Backoffs set by a concurrent Fail are
+//     respected the same way, and the claim statement itself refuses a
+//     machine in backoff.
+//   - Fencing, the last check before COMMIT, ambiguous COMMITs and the
+//     isolation of a failing call are as described above.
+//
+// What is weaker than SERIALIZABLE: write skew between a retrieval or a
+// commit callback and another transaction that writes rows this one read
+// but did not write, and reads what this one writes. Say an operator's
+// tool quarantines a machine only if no process works on it, and a claim's
+// retrieval skips quarantined machines: the tool may find no claim while
+// the retrieval finds no quarantine, and both commit, so that a
+// quarantined machine is worked on. An application protects itself by
+// reading the rows it depends on FOR SHARE in the retrieval (a writer of
+// them then waits for the claim, or, if it committed after the snapshot,
+// the claim fails and runs again) while the other side writes before it
+// looks, each statement seeing what committed before it (READ COMMITTED);
+// or by setting Config.SerializableBatches, with the other side SERIALIZABLE
+// too (Session.Transact is): then one of the two aborts. Either way
+// processes' batches still run at once (TestWriteSkewAndItsRemedies,
+// TestStaleRetrievalClaimsNothing, TestClaimsRacingEndsAndTakeovers).
 //
 // Statements run in a Tx or on DB() with parameters are kept prepared per
 // pooled connection (Config.StatementCacheSize): one round trip instead of
@@ -168,6 +219,10 @@
 //		return myqueries.New(tx.DBTX()).TagOSInstalled(ctx, work.Machine())
 //	})
 //
-// Open migrates the schema (embedded from package migrations) unless
-// Config.SkipMigrations is set, and refuses a schema newer than the binary.
+// Open migrates bmdb's schema and then Config.Application's with package
+// migrations (its Migrator) unless Config.SkipMigrations is set, and
+// refuses a schema it must not use with a *migrations.SchemaVersionError:
+// one newer than the binary that does not declare it compatible, or one
+// left dirty by a migration that did not finish (the error says how to
+// repair it).
 package bmdb

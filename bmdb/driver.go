@@ -2,6 +2,7 @@ package bmdb
 
 import (
 	"context"
+	"database/sql/driver"
 	"strings"
 	"time"
 
@@ -11,16 +12,9 @@ import (
 // bmdb reaches the database through its driver wrapper, package
 // internal/dbconn; these are the names it uses of it.
 
-// AbandonedError reports a call whose connection bmdb cut because the
-// call's context ended (Cause: its cause, e.g. context.DeadlineExceeded or
-// an error wrapping ErrSessionExpired); Err is what the driver reported.
-// The connection is closed, never reused. errors.Is matches both.
-type AbandonedError = dbconn.AbandonedError
-
 type (
 	connector    = dbconn.Connector
 	connSettings = dbconn.Settings
-	faults       = dbconn.Faults
 )
 
 // Error codes bmdb reacts to (dbconn.Code*).
@@ -28,20 +22,16 @@ const (
 	codeSerializationFailure       = dbconn.CodeSerializationFailure
 	codeDeadlockDetected           = dbconn.CodeDeadlockDetected
 	codeLockNotAvailable           = dbconn.CodeLockNotAvailable
-	codeUniqueViolation            = dbconn.CodeUniqueViolation
 	codeForeignKeyViolation        = dbconn.CodeForeignKeyViolation
-	codeUndefinedTable             = dbconn.CodeUndefinedTable
 	codeStatementCompletionUnknown = dbconn.CodeStatementCompletionUnknown
-
-	sqlRelease = dbconn.SQLRelease
 )
 
 var errStaleStatement = dbconn.ErrStaleStatement
 
 // newConnector is dbconn.NewConnector, whose malformed DSN is an invalid
 // argument.
-func newConnector(dsn string, networkTimeout time.Duration, settings connSettings, f *faults) (*connector, error) {
-	c, err := dbconn.NewConnector(dsn, networkTimeout, settings, f)
+func newConnector(dsn string, networkTimeout time.Duration, settings connSettings, wrap func(driver.Connector) driver.Connector) (*connector, error) {
+	c, err := dbconn.NewConnector(dsn, networkTimeout, settings, wrap)
 	if err != nil {
 		return nil, malformedDSN(err)
 	}

@@ -11,39 +11,39 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
-// BatchCommit commits the results of several Works in one call, for
+// SharedCommit commits the results of several Works in one call, for
 // applications whose results can be written in one statement (an INSERT
 // ... SELECT over the machines' ids, say). The Finishes of one batch (see
-// the package doc) that pass the same *BatchCommit through CommitBatched
+// the package doc) that pass the same *SharedCommit through CommitShared
 // are committed by one call with all their Works. Make one with
-// NewBatchCommit for each kind of result, once, and reuse it: a new one
+// NewSharedCommit for each kind of result, once, and reuse it: a new one
 // per Finish batches nothing. Safe for concurrent use.
-type BatchCommit struct {
+type SharedCommit struct {
 	commit func(tx *Tx, works []*Work) error
 }
 
-// NewBatchCommit returns a BatchCommit that applies the results of works
+// NewSharedCommit returns a SharedCommit that applies the results of works
 // inside tx with commit. Like Finish's commit, commit may run several
 // times, must wrap errors with %w, and must not call Work or the ends of
 // the same session. If it fails, its Works are finished again one at a
 // time (commit called with one Work each), so that only the Works it
 // refuses fail. It returns nil if commit is nil.
-func NewBatchCommit(commit func(tx *Tx, works []*Work) error) *BatchCommit {
+func NewSharedCommit(commit func(tx *Tx, works []*Work) error) *SharedCommit {
 	if commit == nil {
 		return nil
 	}
-	return &BatchCommit{commit: commit}
+	return &SharedCommit{commit: commit}
 }
 
 // FinishOption changes how Finish commits a Work's result.
 type FinishOption struct {
-	batch *BatchCommit
+	batch *SharedCommit
 }
 
-// CommitBatched is the FinishOption that commits the Work's result with b,
+// CommitShared is the FinishOption that commits the Work's result with b,
 // once for all the Works of its batch that pass b, instead of with
 // Finish's commit, which must then be nil.
-func CommitBatched(b *BatchCommit) FinishOption { return FinishOption{batch: b} }
+func CommitShared(b *SharedCommit) FinishOption { return FinishOption{batch: b} }
 
 // endRequest is a Finish, Cancel or Fail call.
 type endRequest struct {
@@ -51,8 +51,8 @@ type endRequest struct {
 	event   store.WorkHistoryEvent
 	cause   string             // Fail
 	backoff *Backoff           // Fail, optional
-	commit  func(tx *Tx) error // Finish without CommitBatched
-	batch   *BatchCommit       // Finish with CommitBatched
+	commit  func(tx *Tx) error // Finish without CommitShared
+	batch   *SharedCommit      // Finish with CommitShared
 	err     error              // the outcome: ErrWorkLost if the claim was gone
 }
 
@@ -61,9 +61,9 @@ func (s *Session) recordEnd(r *endRequest) {
 	if r.err != nil {
 		return
 	}
-	s.conn.metrics.workEvent(r.w.process, r.event)
+	s.conn.stats.event(r.w.process, r.event)
 	if r.event == store.WorkHistoryEventFailed && r.backoff != nil {
-		s.conn.metrics.backoff(r.w.process)
+		s.conn.stats.process(r.w.process).backoffs.Add(1)
 	}
 }
 
@@ -71,8 +71,9 @@ func (s *Session) recordEnd(r *endRequest) {
 // multi-row statement per kind of end (Finished, Failed, Canceled) deletes
 // the claims the session still holds, with their history; finished claims'
 // backoffs are cleared and failed ones' set; then the commit callbacks of
-// the finished Works run, a BatchCommit once for all its Works.
-func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*request) error {
+// the finished Works run, a SharedCommit once for all its Works. It returns
+// the machines whose claims it ended.
+func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*request) (ended []uuid.UUID, _ error) {
 	kinds := map[store.WorkHistoryEvent][]*request{}
 	for _, r := range reqs {
 		r.end.err = nil
@@ -80,25 +81,33 @@ func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*r
 	}
 	if rs := kinds[store.WorkHistoryEventFinished]; len(rs) > 0 {
 		machines, claims := claimKeys(rs)
-		ended, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
+		done, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
 			MachineIds: machines, ClaimIds: claims, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 		})
 		if err != nil {
-			return fmt.Errorf("bmdb: finishing %d claims of %q: %w", len(rs), process, err)
+			return nil, fmt.Errorf("bmdb: finishing %d claims of %q: %w", len(rs), process, err)
 		}
-		markLost(rs, ended)
+		markLost(rs, done)
 	}
 	for _, event := range []store.WorkHistoryEvent{store.WorkHistoryEventFailed, store.WorkHistoryEventCanceled} {
 		if rs := kinds[event]; len(rs) > 0 {
 			if err := s.stopClaims(ctx, tx, process, event, rs); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
 	if err := s.applyBackoffs(ctx, tx, process, kinds[store.WorkHistoryEventFailed]); err != nil {
-		return err
+		return nil, err
 	}
-	return commitEnds(tx, kinds[store.WorkHistoryEventFinished])
+	if err := commitEnds(tx, kinds[store.WorkHistoryEventFinished]); err != nil {
+		return nil, err
+	}
+	for _, r := range reqs {
+		if r.end.err == nil {
+			ended = append(ended, r.end.w.machine)
+		}
+	}
+	return ended, nil
 }
 
 // stopClaims ends claims as Failed or Canceled, with their causes, in one
@@ -158,11 +167,11 @@ func (s *Session) applyBackoffs(ctx context.Context, tx *Tx, process string, fai
 }
 
 // commitEnds runs the commit callbacks of the finished Works still held:
-// each Finish's own, and each BatchCommit once with its Works. An error
+// each Finish's own, and each SharedCommit once with its Works. An error
 // names the machine (or the number of machines) and the process.
 func commitEnds(tx *Tx, finished []*request) error {
-	var batches []*BatchCommit
-	members := map[*BatchCommit][]*request{}
+	var batches []*SharedCommit
+	members := map[*SharedCommit][]*request{}
 	for _, r := range finished {
 		e := r.end
 		switch {

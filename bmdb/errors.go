@@ -10,8 +10,6 @@ import (
 	"syscall"
 
 	"github.com/lib/pq"
-
-	"github.com/bmdb-dev/bmdb/internal/migrate"
 )
 
 // Sentinel errors. Every error bmdb returns that callers may want to act on
@@ -76,20 +74,6 @@ var (
 	// retry it. For a Work, the claim tells: a later Cancel either succeeds
 	// (nothing committed) or returns ErrWorkLost.
 	ErrAmbiguousCommit = errors.New("bmdb: commit outcome unknown: connection failed during COMMIT")
-
-	// ErrSchemaTooNew means the database schema is at a migration version
-	// this binary does not know, migrated by a newer binary, and not every
-	// newer migration declared this binary compatible (see migration
-	// 000006). It is wrapped by *SchemaVersionError.
-	ErrSchemaTooNew = migrate.ErrSchemaTooNew
-
-	// ErrSchemaTooOld means the database schema is older than this binary
-	// needs and migrations are disabled. It is wrapped by *SchemaVersionError.
-	ErrSchemaTooOld = migrate.ErrSchemaTooOld
-
-	// ErrSchemaDirty means a migration failed half-way and the schema needs
-	// an operator's repair. It is wrapped by *SchemaVersionError.
-	ErrSchemaDirty = migrate.ErrSchemaDirty
 )
 
 // RetriesExhaustedError reports a transaction given up after Attempts
@@ -105,18 +89,8 @@ func (e *RetriesExhaustedError) Error() string {
 	return fmt.Sprintf("%v after %d attempts: %v", ErrRetriesExhausted, e.Attempts, e.Last)
 }
 
-// Is reports whether target is ErrRetriesExhausted.
-func (e *RetriesExhaustedError) Is(target error) bool { return target == ErrRetriesExhausted }
-
-// Unwrap returns the last serialization error.
-func (e *RetriesExhaustedError) Unwrap() error { return e.Last }
-
-// SchemaVersionError reports a database schema this binary refuses to use.
-// Err is ErrSchemaTooNew, ErrSchemaTooOld or ErrSchemaDirty; Schema is
-// "bmdb" or the Application's name; Database is the version recorded in the
-// database (0: none), Binary the newest embedded in this binary; Reason
-// says why a newer schema is not compatible, if known.
-type SchemaVersionError = migrate.SchemaVersionError
+// Unwrap returns ErrRetriesExhausted and the last serialization error.
+func (e *RetriesExhaustedError) Unwrap() []error { return []error{ErrRetriesExhausted, e.Last} }
 
 // isConnectionError reports whether err says the connection to the
 // database failed (as opposed to the database refusing a statement): then

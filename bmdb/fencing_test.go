@@ -19,8 +19,8 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/bmdb-dev/bmdb/internal/netproxy"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/netproxy"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // The tests of strict fencing and liveness: a worker whose network
@@ -409,6 +409,7 @@ func TestPartitionBeforeCommitFencesFinish(t *testing.T) {
 	}
 
 	p.Heal()
+	ca.Close() // its pool's idle connections, which the partition did not cut
 	eventually(t, 5*time.Second, "the partitioned connections to go", func() bool { return e.backends("partitioned") == 0 })
 	if n := e.count("SELECT count(*) FROM effects"); n != 0 {
 		t.Errorf("the partitioned Finish committed its effect after the heal")

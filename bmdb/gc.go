@@ -32,7 +32,7 @@ func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 	for {
 		var deleted int64
 		var abandoned []string
-		err := c.transact(ctx, func(tx *Tx) error {
+		err := c.transact(ctx, serializable, func(tx *Tx) error {
 			ids, err := tx.q.SessionLockExpired(ctx, store.SessionLockExpiredParams{GraceSeconds: grace, RowLimit: gcBatch})
 			if err != nil {
 				return fmt.Errorf("bmdb: locking expired sessions: %w", err)
@@ -44,7 +44,7 @@ func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
 			return total, err
 		}
 		total += deleted
-		c.metrics.workEvents(abandoned, store.WorkHistoryEventAbandoned)
+		c.stats.events(abandoned, store.WorkHistoryEventAbandoned)
 		if deleted < gcBatch {
 			return total, nil
 		}

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // queryOf returns the statement of the named query in one of bmdb's query

@@ -6,12 +6,15 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -58,26 +61,70 @@ func (e *env) config() Config {
 	return Config{DSN: e.dsn, ComponentName: "test", RuntimeInfo: e.t.Name(), SessionInterval: testInterval}
 }
 
-// open opens a Connection closed at cleanup; mods adjust its Config.
+// open opens a Connection closed at cleanup, in cockroach mode if the
+// tests run in it (testdb.Emulator); mods adjust its Config (withMode
+// chooses the mode).
 func (e *env) open(mods ...func(*Config)) *Connection {
 	e.t.Helper()
 	cfg := e.config()
+	em := testdb.Emulator()
+	if em != nil {
+		cfg.WrapConnector = em.Wrap
+	}
 	for _, mod := range mods {
 		mod(&cfg)
+	}
+	if forced, ok := forcedEmulators.LoadAndDelete(&cfg); ok {
+		em = forced.(*crdbmode.Emulator)
+	} else if cfg.WrapConnector == nil {
+		em = nil
 	}
 	c, err := Open(context.Background(), cfg)
 	if err != nil {
 		e.t.Fatalf("Open: %v", err)
 	}
-	e.t.Cleanup(func() { c.Close() })
+	if em != nil {
+		emulators.Store(c, em)
+	}
+	e.t.Cleanup(func() {
+		c.Close()
+		emulators.Delete(c)
+	})
 	return c
+}
+
+// The cockroach-mode emulators of the tests' Connections (env.open), and
+// those that withMode put in Configs that env.open has not opened yet.
+var emulators, forcedEmulators sync.Map
+
+// withMode returns a Config modifier that opens the Connection in
+// cockroach mode with s (testdb.EmulatorWith), or, if s is not enabled,
+// on the server as it is, whatever mode the tests run in.
+func withMode(s crdbmode.Settings) func(*Config) {
+	return func(c *Config) {
+		if !s.Enabled {
+			c.WrapConnector = nil
+			return
+		}
+		em := testdb.EmulatorWith(s)
+		c.WrapConnector = em.Wrap
+		forcedEmulators.Store(c, em)
+	}
+}
+
+// emulatorOf returns c's cockroach-mode emulator, nil if it has none.
+func emulatorOf(c *Connection) *crdbmode.Emulator {
+	if em, ok := emulators.Load(c); ok {
+		return em.(*crdbmode.Emulator)
+	}
+	return nil
 }
 
 // exact turns off cockroach mode's injected errors on c, for tests that
 // count retries.
 func exact(c *Connection) {
-	if c.faults != nil {
-		c.faults.Off()
+	if em := emulatorOf(c); em != nil {
+		em.Off()
 	}
 }
 
@@ -100,6 +147,15 @@ func (e *env) machine() uuid.UUID {
 		e.t.Fatal(err)
 	}
 	return id
+}
+
+// fence creates the claim rows of (machine, process) for ids, as the
+// fencer does before a pair's first claim, for tests that count a batch's
+// transactions: a first claim without one runs its attempt again.
+func (e *env) fence(process string, ids ...uuid.UUID) {
+	e.t.Helper()
+	e.exec(`INSERT INTO work_fencing (machine_id, process, token) SELECT unnest($1::UUID[]), $2, 0
+		ON CONFLICT DO NOTHING`, pq.Array(ids), process)
 }
 
 // exec runs a statement on the raw pool.

@@ -2,15 +2,16 @@ package bmdb
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
 // Metrics are bmdb's Prometheus collectors. Create them once per registry
 // with NewMetrics and pass them to every Connection in Config.Metrics; the
-// component label tells connections apart. bmdb registers nothing
+// component label tells connections apart (Connections of one component
+// are summed). The counters are the Connections' own (Connection.Stats
+// reads the same numbers), read at each scrape. bmdb registers nothing
 // globally.
 //
 // Exported series (all with label component):
@@ -21,64 +22,39 @@ import (
 //	bmdb_work_events_total{process, event}   Started, Finished, Failed, Canceled, Abandoned, BackoffCleared
 //	bmdb_work_conflicts_total{process}
 //	bmdb_work_nothing_to_do_total{process}
-//	bmdb_work_asked_total{process}           machines asked for by Work and WorkBatch (vs Started: claimed)
+//	bmdb_work_asked_total{process}           machines asked for by Work and WorkMany (vs Started: claimed)
+//	bmdb_claims_stale_total{process}         claim statements that met a stale candidate (Stats.ClaimsStale)
 //	bmdb_claim_duration_seconds{process}     (histogram of successful Work calls)
 //	bmdb_backoffs_total{process}
 type Metrics struct {
-	sessionsStarted   *prometheus.CounterVec
-	sessionsExpired   *prometheus.CounterVec
-	heartbeatSeconds  *prometheus.HistogramVec
-	heartbeatFailures *prometheus.CounterVec
-	txAttempts        *prometheus.CounterVec
-	txRetries         *prometheus.CounterVec
-	workEvents        *prometheus.CounterVec
-	workConflicts     *prometheus.CounterVec
-	workNothing       *prometheus.CounterVec
-	workAsked         *prometheus.CounterVec
-	claimSeconds      *prometheus.HistogramVec
-	backoffs          *prometheus.CounterVec
+	// The histograms, observed by the Connections.
+	heartbeatSeconds *prometheus.HistogramVec
+	claimSeconds     *prometheus.HistogramVec
+
+	mu    sync.Mutex
+	conns []*metricSource // guarded by mu: every Connection opened with these metrics, closed ones included
+}
+
+// metricSource is a Connection's counters under its component name.
+type metricSource struct {
+	component string
+	c         *counters
 }
 
 // NewMetrics creates bmdb's collectors and registers them with reg. It
 // fails if reg already has collectors of the same names. A nil reg gives
 // metrics that are kept but exported nowhere.
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
-	component := []string{"component"}
-	process := []string{"component", "process"}
 	latency := []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}
 	m := &Metrics{
-		sessionsStarted: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_sessions_started_total", Help: "Sessions started."}, component),
-		sessionsExpired: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_sessions_expired_total", Help: "Sessions that ended by expiry rather than Close."}, component),
 		heartbeatSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "bmdb_heartbeat_duration_seconds", Help: "Duration of successful heartbeats.", Buckets: latency}, component),
-		heartbeatFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_heartbeat_failures_total", Help: "Failed heartbeat attempts."}, component),
-		txAttempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_transaction_attempts_total", Help: "Transaction attempts, first tries and retries."}, component),
-		txRetries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_transaction_retries_total", Help: "Transaction attempts retried, by reason: serialization failure, lock_timeout, deadlock, or connection failure before COMMIT."},
-			[]string{"component", "reason"}),
-		workEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_work_events_total", Help: "Committed work history events by process and event."},
-			[]string{"component", "process", "event"}),
-		workConflicts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_work_conflicts_total", Help: "Work calls that found only machines claimed, or being claimed, by other sessions."}, process),
-		workNothing: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_work_nothing_to_do_total", Help: "Work calls that found nothing to claim."}, process),
-		workAsked: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_work_asked_total", Help: "Machines asked for by Work and WorkBatch calls (their limits)."}, process),
+			Name: "bmdb_heartbeat_duration_seconds", Help: "Duration of successful heartbeats.", Buckets: latency}, []string{"component"}),
 		claimSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "bmdb_claim_duration_seconds", Help: "Duration of successful Work calls, retries included.", Buckets: latency}, process),
-		backoffs: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "bmdb_backoffs_total", Help: "Backoffs set by Fail."}, process),
+			Name: "bmdb_claim_duration_seconds", Help: "Duration of successful Work calls, retries included.", Buckets: latency},
+			[]string{"component", "process"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{
-			m.sessionsStarted, m.sessionsExpired, m.heartbeatSeconds, m.heartbeatFailures,
-			m.txAttempts, m.txRetries, m.workEvents, m.workConflicts, m.workNothing, m.workAsked, m.claimSeconds, m.backoffs,
-		} {
+		for _, c := range []prometheus.Collector{m.heartbeatSeconds, m.claimSeconds, (*countersCollector)(m)} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("bmdb: registering metrics: %w", err)
 			}
@@ -87,55 +63,92 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// componentMetrics are a Connection's metrics, bound to its component.
-type componentMetrics struct {
-	m                 *Metrics
-	component         string
-	sessionsStarted   prometheus.Counter
-	sessionsExpired   prometheus.Counter
-	heartbeatSeconds  prometheus.Observer
-	heartbeatFailures prometheus.Counter
-	txAttempts        prometheus.Counter
+// add makes c's counters part of the metrics, under component.
+func (m *Metrics) add(component string, c *counters) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.conns = append(m.conns, &metricSource{component: component, c: c})
 }
 
-func (m *Metrics) forComponent(component string) *componentMetrics {
-	return &componentMetrics{
-		m:                 m,
-		component:         component,
-		sessionsStarted:   m.sessionsStarted.WithLabelValues(component),
-		sessionsExpired:   m.sessionsExpired.WithLabelValues(component),
-		heartbeatSeconds:  m.heartbeatSeconds.WithLabelValues(component),
-		heartbeatFailures: m.heartbeatFailures.WithLabelValues(component),
-		txAttempts:        m.txAttempts.WithLabelValues(component),
+// The counters' series: help, and labels besides component.
+var (
+	descSessionsStarted   = counterDesc("bmdb_sessions_started_total", "Sessions started.")
+	descSessionsExpired   = counterDesc("bmdb_sessions_expired_total", "Sessions that ended by expiry rather than Close.")
+	descHeartbeatFailures = counterDesc("bmdb_heartbeat_failures_total", "Failed heartbeat attempts.")
+	descTxAttempts        = counterDesc("bmdb_transaction_attempts_total", "Transaction attempts, first tries and retries.")
+	descTxRetries         = counterDesc("bmdb_transaction_retries_total", "Transaction attempts retried, by reason: serialization failure, lock_timeout, deadlock, or connection failure before COMMIT.", "reason")
+	descWorkEvents        = counterDesc("bmdb_work_events_total", "Committed work history events by process and event.", "process", "event")
+	descWorkConflicts     = counterDesc("bmdb_work_conflicts_total", "Work calls that found only machines claimed, or being claimed, by other sessions.", "process")
+	descWorkNothing       = counterDesc("bmdb_work_nothing_to_do_total", "Work calls that found nothing to claim.", "process")
+	descWorkAsked         = counterDesc("bmdb_work_asked_total", "Machines asked for by Work and WorkMany calls (their limits).", "process")
+	descClaimsStale       = counterDesc("bmdb_claims_stale_total", "Claim statements that met a candidate claimed or ended after their snapshot, and ran again.", "process")
+	descBackoffs          = counterDesc("bmdb_backoffs_total", "Backoffs set by Fail.", "process")
+)
+
+func counterDesc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, append([]string{"component"}, labels...), nil)
+}
+
+// countersCollector exports the counters of Metrics' Connections,
+// summed per component (several Connections may share one).
+type countersCollector Metrics
+
+func (cc *countersCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descSessionsStarted, descSessionsExpired, descHeartbeatFailures, descTxAttempts,
+		descTxRetries, descWorkEvents, descWorkConflicts, descWorkNothing, descWorkAsked, descClaimsStale, descBackoffs} {
+		ch <- d
 	}
 }
 
-func (cm *componentMetrics) workEvent(process string, event store.WorkHistoryEvent) {
-	cm.m.workEvents.WithLabelValues(cm.component, process, string(event)).Inc()
-}
-
-func (cm *componentMetrics) workEvents(processes []string, event store.WorkHistoryEvent) {
-	for _, p := range processes {
-		cm.workEvent(p, event)
+func (cc *countersCollector) Collect(ch chan<- prometheus.Metric) {
+	type key struct {
+		d      *prometheus.Desc
+		labels [3]string
 	}
-}
-
-func (cm *componentMetrics) conflict(process string) {
-	cm.m.workConflicts.WithLabelValues(cm.component, process).Inc()
-}
-
-func (cm *componentMetrics) nothingToDo(process string) {
-	cm.m.workNothing.WithLabelValues(cm.component, process).Inc()
-}
-
-func (cm *componentMetrics) asked(process string, n int) {
-	cm.m.workAsked.WithLabelValues(cm.component, process).Add(float64(n))
-}
-
-func (cm *componentMetrics) claimed(process string, seconds float64) {
-	cm.m.claimSeconds.WithLabelValues(cm.component, process).Observe(seconds)
-}
-
-func (cm *componentMetrics) backoff(process string) {
-	cm.m.backoffs.WithLabelValues(cm.component, process).Inc()
+	sums := map[key]int64{}
+	var order []key
+	add := func(d *prometheus.Desc, v int64, labels ...string) {
+		k := key{d: d}
+		copy(k.labels[:], labels)
+		if _, ok := sums[k]; !ok {
+			order = append(order, k)
+		}
+		sums[k] += v
+	}
+	m := (*Metrics)(cc)
+	m.mu.Lock()
+	conns := append([]*metricSource(nil), m.conns...)
+	m.mu.Unlock()
+	for _, src := range conns {
+		c, comp := src.c, src.component
+		add(descSessionsStarted, c.sessionsStarted.Load(), comp)
+		add(descSessionsExpired, c.sessionsExpired.Load(), comp)
+		add(descHeartbeatFailures, c.heartbeatFailures.Load(), comp)
+		add(descTxAttempts, c.attempts.Load(), comp)
+		for r := range retryReasons {
+			add(descTxRetries, c.retries[r].Load(), comp, r.String())
+		}
+		c.eachProcess(func(process string, p *processCounters) {
+			for i, e := range historyEvents {
+				if n := p.events[i].Load(); n > 0 {
+					add(descWorkEvents, n, comp, process, string(e))
+				}
+			}
+			add(descWorkConflicts, p.conflicts.Load(), comp, process)
+			add(descWorkNothing, p.nothing.Load(), comp, process)
+			add(descWorkAsked, p.asked.Load(), comp, process)
+			add(descClaimsStale, p.stale.Load(), comp, process)
+			add(descBackoffs, p.backoffs.Load(), comp, process)
+		})
+	}
+	for _, k := range order {
+		n := 1
+		switch k.d {
+		case descTxRetries, descWorkConflicts, descWorkNothing, descWorkAsked, descClaimsStale, descBackoffs:
+			n = 2
+		case descWorkEvents:
+			n = 3
+		}
+		ch <- prometheus.MustNewConstMetric(k.d, prometheus.CounterValue, float64(sums[k]), k.labels[:n]...)
+	}
 }

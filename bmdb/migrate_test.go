@@ -4,11 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
-	"github.com/bmdb-dev/bmdb/internal/migrate"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // openRaw opens a plain pool on dsn, closed at cleanup.
@@ -33,32 +34,40 @@ func tables(t *testing.T, db *sql.DB) int {
 	return n
 }
 
-// Migrations go up, down and up again on an empty database.
-func TestMigrateUpDownUp(t *testing.T) {
-	t.Parallel()
-	dsn := testdb.NewEmpty(t)
-	db := openRaw(t, dsn)
-	ctx := context.Background()
-	src, err := migrate.BmdbSource()
+// schemaVersion returns the version of schema in the database at dsn.
+func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
+	t.Helper()
+	m, err := migrations.New(dsn, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := func() error { return MigrateDown(ctx, dsn, int(src.Latest)) }
-	up := func() error { return MigrateUp(ctx, dsn) }
-	for i, step := range []struct {
-		run    func() error
-		tables int
-	}{{up, 5}, {down, 0}, {up, 5}, {up, 5}} {
-		if err := step.run(); err != nil {
-			t.Fatalf("step %d: %v", i, err)
-		}
-		if n := tables(t, db); n != step.tables {
-			t.Fatalf("step %d: %d tables, want %d", i, n, step.tables)
+	versions, err := m.Versions(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range versions {
+		if v.Schema == schema {
+			return v
 		}
 	}
-	info, err := ReadSchemaInfo(ctx, dsn)
-	if err != nil || info.Dirty || info.Database != src.Latest || info.Database == 0 {
-		t.Fatalf("ReadSchemaInfo = %+v, %v; latest %d", info, err, src.Latest)
+	return migrations.SchemaVersion{Schema: schema}
+}
+
+// migrateBmdbTo brings bmdb's schema of the empty database at dsn to
+// version (as a binary of that version left it): up, then down.
+func migrateBmdbTo(t *testing.T, dsn string, version uint) {
+	t.Helper()
+	ctx := context.Background()
+	m, err := migrations.New(dsn, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	latest := schemaVersion(t, dsn, migrations.SchemaBmdb).Binary
+	if err := m.Down(ctx, migrations.SchemaBmdb, int(latest-version)); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -85,12 +94,12 @@ func TestOpenRefusesIncompatibleSchema(t *testing.T) {
 		skip  bool
 		want  error
 	}{
-		{"too new", "UPDATE schema_migrations SET version = 999", false, ErrSchemaTooNew},
-		{"too new, migrations off", "UPDATE schema_migrations SET version = 999", true, ErrSchemaTooNew},
+		{"too new", "UPDATE schema_migrations SET version = 999", false, migrations.ErrSchemaTooNew},
+		{"too new, migrations off", "UPDATE schema_migrations SET version = 999", true, migrations.ErrSchemaTooNew},
 		// 000001 is not marked safe to re-run (bmdb:rerunnable).
-		{"dirty", "UPDATE schema_migrations SET version = 1, dirty = true", false, ErrSchemaDirty},
-		{"dirty, migrations off", "UPDATE schema_migrations SET dirty = true", true, ErrSchemaDirty},
-		{"too old, migrations off", "DELETE FROM schema_migrations", true, ErrSchemaTooOld},
+		{"dirty", "UPDATE schema_migrations SET version = 1, dirty = true", false, migrations.ErrSchemaDirty},
+		{"dirty, migrations off", "UPDATE schema_migrations SET dirty = true", true, migrations.ErrSchemaDirty},
+		{"too old, migrations off", "DELETE FROM schema_migrations", true, migrations.ErrSchemaTooOld},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -99,12 +108,15 @@ func TestOpenRefusesIncompatibleSchema(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err := Open(context.Background(), Config{DSN: dsn, ComponentName: "test", SkipMigrations: tc.skip})
-			var verr *SchemaVersionError
+			var verr *migrations.SchemaVersionError
 			if !errors.Is(err, tc.want) || !errors.As(err, &verr) {
 				t.Fatalf("Open = %v, want %v", err, tc.want)
 			}
 			if verr.Binary == 0 {
 				t.Errorf("error does not name the binary's version: %v", err)
+			}
+			if verr.Table != "schema_migrations" || (verr.Dirty && !strings.Contains(err.Error(), "table schema_migrations records version")) {
+				t.Errorf("error does not name the version table: %v", err)
 			}
 			t.Log(err)
 		})
@@ -122,8 +134,8 @@ func TestOpenRecoversDirtyRerunnableVersion(t *testing.T) {
 		t.Fatalf("Open of a dirty, re-runnable version: %v", err)
 	}
 	c.Close()
-	if info, err := ReadSchemaInfo(context.Background(), dsn); err != nil || info.Dirty || info.Database != info.Binary {
-		t.Fatalf("schema after Open = %+v, %v", info, err)
+	if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != v.Binary {
+		t.Fatalf("schema after Open = %+v", v)
 	}
 }
 
@@ -176,11 +188,8 @@ func TestOpenNewerSchemaByCompatibility(t *testing.T) {
 			t.Parallel()
 			dsn := testdb.New(t)
 			db := openRaw(t, dsn)
-			info, err := ReadSchemaInfo(context.Background(), dsn)
-			if err != nil {
-				t.Fatal(err)
-			}
-			latest := int(info.Binary)
+			latest := int(schemaVersion(t, dsn, migrations.SchemaBmdb).Binary)
+			var err error
 			v := latest + tc.newest
 			switch tc.name {
 			case "additive migration":
@@ -207,14 +216,14 @@ func TestOpenNewerSchemaByCompatibility(t *testing.T) {
 					c.Close()
 					continue
 				}
-				var verr *SchemaVersionError
-				if !errors.Is(err, ErrSchemaTooNew) || !errors.As(err, &verr) || verr.Reason == "" {
+				var verr *migrations.SchemaVersionError
+				if !errors.Is(err, migrations.ErrSchemaTooNew) || !errors.As(err, &verr) || verr.Reason == "" {
 					t.Fatalf("Open (SkipMigrations %v) = %v, want ErrSchemaTooNew with a reason", skip, err)
 				}
 				t.Log(err)
 			}
-			if info, _ := ReadSchemaInfo(context.Background(), dsn); int(info.Database) != v {
-				t.Errorf("Open changed the schema version to %d", info.Database)
+			if got := schemaVersion(t, dsn, migrations.SchemaBmdb); int(got.Database) != v {
+				t.Errorf("Open changed the schema version to %d", got.Database)
 			}
 		})
 	}
@@ -228,16 +237,10 @@ func TestCockroachOpenRecoversHalfAppliedMigration(t *testing.T) {
 	testdb.SkipOnCockroach(t, "emulates a failure between two statements")
 	dsn := testdb.NewEmpty(t)
 	ctx := context.Background()
-	src, err := migrate.BmdbSource()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := migrate.To(ctx, migrate.Target{DSN: dsn, NetworkTimeout: SessionIntervalDefault}, src, 11); err != nil {
-		t.Fatal(err)
-	}
+	migrateBmdbTo(t, dsn, 11)
 	open := func(failAfter int) error {
 		cfg := Config{DSN: dsn, ComponentName: "rollout"}
-		cfg.cockroachMode = &crdbmode.Settings{Enabled: true, MigrationFailAfter: failAfter}
+		withMode(crdbmode.Settings{Enabled: true, MigrationFailAfter: failAfter})(&cfg)
 		c, err := Open(ctx, cfg)
 		if err == nil {
 			c.Close()
@@ -247,13 +250,13 @@ func TestCockroachOpenRecoversHalfAppliedMigration(t *testing.T) {
 	if err := open(2); err == nil {
 		t.Fatal("Open with a migration failing half-way succeeded")
 	}
-	if info, err := ReadSchemaInfo(ctx, dsn); err != nil || !info.Dirty || info.Database != 12 {
-		t.Fatalf("schema after the failure = %+v, %v; want 12, dirty", info, err)
+	if v := schemaVersion(t, dsn, migrations.SchemaBmdb); !v.Dirty || v.Database != 12 {
+		t.Fatalf("schema after the failure = %+v; want 12, dirty", v)
 	}
 	if err := open(0); err != nil {
 		t.Fatalf("Open after a half-applied migration: %v", err)
 	}
-	if info, err := ReadSchemaInfo(ctx, dsn); err != nil || info.Dirty || info.Database != src.Latest {
-		t.Fatalf("schema after recovery = %+v, %v", info, err)
+	if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != v.Binary {
+		t.Fatalf("schema after recovery = %+v", v)
 	}
 }

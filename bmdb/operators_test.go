@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -152,36 +151,4 @@ func explain(t *testing.T, e *env, query string, args ...any) string {
 		b.WriteString(line + "\n")
 	}
 	return b.String()
-}
-
-// The exported migration functions: version, down, up.
-func TestExportedMigrations(t *testing.T) {
-	t.Parallel()
-	dsn := testdb.NewEmpty(t)
-	ctx := context.Background()
-	info, err := ReadSchemaInfo(ctx, dsn)
-	if err != nil || info.Database != 0 || info.Binary < 3 {
-		t.Fatalf("ReadSchemaInfo on an empty database = %+v, %v", info, err)
-	}
-	if err := MigrateUp(ctx, dsn); err != nil {
-		t.Fatal(err)
-	}
-	if err := MigrateDown(ctx, dsn, 1); err != nil {
-		t.Fatalf("MigrateDown 1: %v", err)
-	}
-	if info, _ := ReadSchemaInfo(ctx, dsn); info.Database != info.Binary-1 {
-		t.Errorf("after one step down: %+v", info)
-	}
-	if err := MigrateDown(ctx, dsn, 0); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("MigrateDown 0 = %v", err)
-	}
-	if err := MigrateDown(ctx, dsn, 99); !errors.Is(err, ErrInvalidArgument) {
-		t.Errorf("MigrateDown 99 = %v", err)
-	}
-	if err := MigrateUp(ctx, dsn); err != nil {
-		t.Fatal(err)
-	}
-	if info, _ := ReadSchemaInfo(ctx, dsn); info.Database != info.Binary || info.Dirty {
-		t.Errorf("after up: %+v", info)
-	}
 }

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // On CockroachDB a session check, a plain read, waits for a transaction
@@ -53,14 +53,14 @@ func TestCockroachSessionCheckWaitsForWriter(t *testing.T) {
 			}
 		}
 	}
-	retried, took := check(func(c *Config) { c.cockroachMode = &crdbmode.Settings{Enabled: true} })
+	retried, took := check(withMode(crdbmode.Settings{Enabled: true}))
 	if !retried || took < interval/4 {
 		t.Errorf("cockroach mode: the check did not wait for the writer and time out (retried %v, took %v)", retried, took)
 	}
 	if testdb.Cockroach() {
 		return
 	}
-	retried, took = check(func(c *Config) { c.cockroachMode = &crdbmode.Settings{} })
+	retried, took = check(withMode(crdbmode.Settings{}))
 	if retried || took >= interval/4 {
 		t.Errorf("PostgreSQL: the check waited for the writer (retried %v, took %v)", retried, took)
 	}

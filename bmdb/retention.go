@@ -31,7 +31,7 @@ func (c *Connection) PruneHistory(ctx context.Context, olderThan time.Duration, 
 	var total int64
 	for {
 		var n int64
-		err := c.transact(ctx, func(tx *Tx) error {
+		err := c.transact(ctx, serializable, func(tx *Tx) error {
 			var err error
 			n, err = tx.q.WorkHistoryPrune(ctx, store.WorkHistoryPruneParams{OlderThanSeconds: olderThan.Seconds(), BatchSize: int32(batch)})
 			return err

@@ -22,7 +22,7 @@ import (
 	"github.com/lib/pq"
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // syncBuffer is a goroutine-safe log sink.
@@ -299,18 +299,20 @@ func packageConsts(files []*ast.File) map[string]bool {
 // than build one, each called only with constant text: the driver wrapper
 // (internal/dbconn's netconn.go) and its statement cache (stmtcache.go)
 // forward database/sql's queries to lib/pq, crdbTx.Exec runs crdb's
-// SAVEPOINT statements, ensureTable (internal/migrate's lock.go) runs
+// SAVEPOINT statements, ensureTable (package migrations' lock.go) runs
 // the CREATE TABLE it is handed, and querySetting (internal/dbconn's
 // pins.go) the settings statement it is handed; execSplit (faults.go)
-// runs the statements of a migration file, waitForWriters (faults.go)
-// a probe of the session row by its parsed UUID, and the bench's
-// waitUntil polls the constant query it is given.
+// the bench's waitUntil polls the constant query it is given, and
+// cockroach mode's emulator (crdbmode's emulator.go, test tooling) passes
+// every query on and runs the statements of migration files, a probe of
+// a session row by its parsed UUID and BEGIN with constant options.
 var forwarders = map[string]bool{
-	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "faults.go:execSplit": true, "faults.go:waitForWriters": true,
+	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
 	"procs.go:waitUntil": true,
 }
 
-// sqlMethods maps database/sql methods to the index of their query argument.
+// sqlMethods maps database/sql methods to the index of their query
+// argument (pgx's, in the bench, take a context first).
 var sqlMethods = map[string]int{
 	"Exec": 0, "Query": 0, "QueryRow": 0, "Prepare": 0,
 	"ExecContext": 1, "QueryContext": 1, "QueryRowContext": 1, "PrepareContext": 1,
@@ -351,6 +353,9 @@ func checkSQLCalls(t *testing.T, fset *token.FileSet, f *ast.File, consts map[st
 		i, ok := sqlMethods[sel.Sel.Name]
 		if !ok || len(call.Args) <= i {
 			return true
+		}
+		if id, isCtx := call.Args[0].(*ast.Ident); i == 0 && len(call.Args) > 1 && isCtx && id.Name == "ctx" {
+			i = 1 // pgx's Exec, Query and QueryRow take the context first
 		}
 		if !constantString(call.Args[i], consts) {
 			t.Errorf("%s: %s's query is not a constant string", fset.Position(call.Pos()), sel.Sel.Name)

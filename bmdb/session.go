@@ -51,7 +51,7 @@ type Session struct {
 	expiry *time.Timer
 
 	// batchers run the session's claims and ends, one per process
-	// (batcher.go). Written by callers of Work, WorkBatch and the ends,
+	// (batcher.go). Written by callers of Work, WorkMany and the ends,
 	// under batchersMu; each batcher's goroutine exits with the session.
 	batchersMu sync.Mutex
 	batchers   map[string]*batcher
@@ -66,7 +66,7 @@ type Session struct {
 func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 	start := time.Now()
 	var id uuid.UUID
-	err := c.transact(ctx, func(tx *Tx) error {
+	err := c.transact(ctx, serializable, func(tx *Tx) error {
 		var err error
 		id, err = tx.q.SessionStart(ctx, store.SessionStartParams{
 			ComponentName:   c.cfg.ComponentName,
@@ -91,7 +91,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 	s.setLocalDeadline(start.Add(s.lifetime))
 	s.expiry = time.AfterFunc(time.Hour, s.expireLocally)
 	s.expiry.Reset(time.Until(*s.localDeadline.Load()))
-	c.metrics.sessionsStarted.Inc()
+	c.stats.sessionsStarted.Add(1)
 	go s.heartbeat()
 	klog.V(1).Infof("bmdb: session %s of %q started (interval %v)", id, c.cfg.ComponentName, s.interval)
 	return s, nil
@@ -144,7 +144,7 @@ func (s *Session) release(ctx context.Context) error {
 	defer cancel()
 	var event store.WorkHistoryEvent
 	var ended []string
-	err := s.conn.transact(ctx, func(tx *Tx) error {
+	err := s.conn.transact(ctx, serializable, func(tx *Tx) error {
 		event = store.WorkHistoryEventCanceled
 		if _, err := tx.q.SessionCheck(ctx, s.id); errors.Is(err, sql.ErrNoRows) {
 			event = store.WorkHistoryEventAbandoned
@@ -164,7 +164,7 @@ func (s *Session) release(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("bmdb: deleting session %s: %w", s.id, err)
 	}
-	s.conn.metrics.workEvents(ended, event)
+	s.conn.stats.events(ended, event)
 	return nil
 }
 
@@ -219,51 +219,47 @@ func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
 	if fn == nil {
 		return invalidArgument("Transact: fn is nil")
 	}
-	return s.transact(ctx, fn)
+	return s.transact(ctx, serializable, fn)
 }
 
-// transact is the Session's one way to run a transaction: Transact
-// without argument checks, with the Connection's options (opts). The
-// transaction first checks the session, then runs fn, then checks the
-// session again right before COMMIT; it is aborted if the session ends.
-func (s *Session) transact(ctx context.Context, fn func(tx *Tx) error, opts ...txOption) error {
+// transact runs fn in a transaction of the session at opts' isolation
+// (Transact without argument checks), aborted if the session ends: each
+// attempt checks the session, runs fn, and checks the session again right
+// before COMMIT.
+func (s *Session) transact(ctx context.Context, opts *sql.TxOptions, fn func(tx *Tx) error) error {
 	if err := s.alive(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancelCause(ctx)
-	stop := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
-	defer func() {
-		stop()
-		cancel(nil)
-	}()
-	return s.conn.transact(ctx, func(tx *Tx) error {
+	ctx, stop := s.bound(ctx)
+	defer stop()
+	return s.conn.transact(ctx, opts, func(tx *Tx) error {
 		if err := s.check(ctx, tx); err != nil {
 			return err
-		}
-		if hook := s.conn.hooks.afterSessionCheck; hook != nil {
-			hook(s.id)
 		}
 		if err := fn(tx); err != nil {
 			return err
 		}
-		if err := s.checkBeforeCommit(ctx, tx); err != nil {
-			return err
-		}
-		if hook := s.conn.hooks.beforeCommit; hook != nil {
-			hook(s.id)
-		}
-		return nil
-	}, opts...)
+		return s.checkBeforeCommit(ctx, tx)
+	})
+}
+
+// bound returns ctx, also cancelled, with the session's cause, when the
+// session ends; stop releases it.
+func (s *Session) bound(ctx context.Context) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	unhook := context.AfterFunc(s.ctx, func() { cancel(context.Cause(s.ctx)) })
+	return ctx, func() {
+		unhook()
+		cancel(nil)
+	}
 }
 
 // check verifies inside tx that the session is alive on the database clock.
 // Its read of the row orders tx against a takeover or GC, which delete it:
 // on PostgreSQL it locks the row until tx ends; on CockroachDB tx commits
 // before the delete or fails its read refresh (doc.go).
-//
-// It also learns whether the claim gate is on (transact.go).
 func (s *Session) check(ctx context.Context, tx *Tx) error {
-	row, err := tx.q.SessionCheck(ctx, s.id)
+	_, err := tx.q.SessionCheck(ctx, s.id)
 	if errors.Is(err, sql.ErrNoRows) {
 		s.expire()
 		return context.Cause(s.ctx)
@@ -271,8 +267,8 @@ func (s *Session) check(ctx context.Context, tx *Tx) error {
 	if err != nil {
 		return fmt.Errorf("bmdb: checking session: %w", err)
 	}
-	if row.GateSeconds > 0 && s.conn.claimGate {
-		s.conn.holdGate(time.Duration(row.GateSeconds * float64(time.Second)))
+	if hook := s.conn.hooks.afterSessionCheck; hook != nil {
+		hook(s.id)
 	}
 	return nil
 }
@@ -309,6 +305,9 @@ func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
 	case err != nil:
 		return fmt.Errorf("bmdb: checking session before commit: %w", err)
 	}
+	if hook := s.conn.hooks.beforeCommit; hook != nil {
+		hook(s.id)
+	}
 	return nil
 }
 
@@ -318,7 +317,7 @@ func (s *Session) heartbeat() {
 	defer close(s.done)
 	defer func() {
 		if errors.Is(context.Cause(s.ctx), ErrSessionExpired) {
-			s.conn.metrics.sessionsExpired.Inc()
+			s.conn.stats.sessionsExpired.Add(1)
 		}
 	}()
 	defer s.expiry.Stop()
@@ -361,7 +360,7 @@ func (s *Session) poke() error {
 		switch {
 		case err == nil && extended:
 			s.setLocalDeadline(start.Add(s.lifetime))
-			s.conn.metrics.heartbeatSeconds.Observe(time.Since(start).Seconds())
+			s.conn.metrics.heartbeatSeconds.WithLabelValues(s.conn.cfg.ComponentName).Observe(time.Since(start).Seconds())
 			return nil
 		case err == nil:
 			return fmt.Errorf("%w: deadline passed on the database clock", ErrSessionExpired)
@@ -369,7 +368,6 @@ func (s *Session) poke() error {
 			return context.Cause(s.ctx)
 		}
 		s.conn.stats.heartbeatFailures.Add(1)
-		s.conn.metrics.heartbeatFailures.Inc()
 		klog.Warningf("bmdb: session %s heartbeat attempt %d failed: %v", s.id, attempt, err)
 		delay := min(s.interval/20, time.Until(deadline))
 		if err := wait.Sleep(s.ctx, delay); err != nil {
@@ -389,7 +387,7 @@ func (s *Session) pokeOnce(deadline time.Time) (bool, error) {
 		}
 	}
 	var rows int64
-	err := s.conn.transact(ctx, func(tx *Tx) error {
+	err := s.conn.transact(ctx, serializable, func(tx *Tx) error {
 		var err error
 		rows, err = tx.q.SessionPoke(ctx, s.id)
 		return err

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/lib/pq"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // Invariant 3: on PostgreSQL, whole-transaction retries make every one of

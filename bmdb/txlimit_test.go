@@ -8,16 +8,14 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // closedTimestamp returns a Config modifier forcing cockroach mode with
 // the emulated closed timestamp at target and no random injection.
 func closedTimestamp(target time.Duration) func(*Config) {
-	return func(c *Config) {
-		c.cockroachMode = &crdbmode.Settings{Enabled: true, ClosedTimestamp: target}
-	}
+	return withMode(crdbmode.Settings{Enabled: true, ClosedTimestamp: target})
 }
 
 // outliveHeartbeat waits, inside a transaction, until the session's
@@ -67,14 +65,14 @@ func TestCockroachTransactionOlderThanClosedTimestamp(t *testing.T) {
 	})
 	s := e.session(unbounded)
 	m := uuid.New()
-	refreshes := crdbmode.InjectedRefresh.Load()
+	refreshes := emulatorOf(unbounded).Injected().Of(crdbmode.Refresh)
 	err := s.Transact(context.Background(), long(s, m))
 	// The restart after the failed refresh fails too: on CockroachDB it
 	// runs as long and fails its refresh again; on PostgreSQL (cockroach
 	// mode) it keeps the first attempt's snapshot, so its session check
 	// meets the heartbeat's update at once.
 	var exhausted *RetriesExhaustedError
-	if !errors.As(err, &exhausted) || sqlState(exhausted.Last) != codeSerializationFailure || crdbmode.InjectedRefresh.Load() == refreshes {
+	if !errors.As(err, &exhausted) || sqlState(exhausted.Last) != codeSerializationFailure || emulatorOf(unbounded).Injected().Of(crdbmode.Refresh) == refreshes {
 		t.Fatalf("unbounded: Transact = %v after %d runs, want retries exhausted after a failed refresh", err, runs)
 	}
 

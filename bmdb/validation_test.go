@@ -2,17 +2,19 @@ package bmdb
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"math"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
 
 	"github.com/lib/pq"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 func TestOpenRejectsBadConfig(t *testing.T) {
@@ -24,19 +26,17 @@ func TestOpenRejectsBadConfig(t *testing.T) {
 	}{
 		{"Config.DSN", func(c *Config) { c.DSN = "" }},
 		{"Config.ComponentName", func(c *Config) { c.ComponentName = "" }},
-		{"Config.ComponentName", func(c *Config) { c.ComponentName = strings.Repeat("x", MaxComponentNameLength+1) }},
+		{"Config.ComponentName", func(c *Config) { c.ComponentName = strings.Repeat("x", maxComponentNameLength+1) }},
 		{"Config.ComponentName", func(c *Config) { c.ComponentName = "bad\x00name" }},
 		{"Config.ComponentName", func(c *Config) { c.ComponentName = "\xff" }},
-		{"Config.RuntimeInfo", func(c *Config) { c.RuntimeInfo = strings.Repeat("x", MaxRuntimeInfoLength+1) }},
+		{"Config.RuntimeInfo", func(c *Config) { c.RuntimeInfo = strings.Repeat("x", maxRuntimeInfoLength+1) }},
 		{"Config.SessionInterval", func(c *Config) { c.SessionInterval = -time.Second }},
 		{"Config.SessionInterval", func(c *Config) { c.SessionInterval = time.Millisecond }},
 		{"Config.GCPeriod", func(c *Config) { c.GCPeriod = -1 }},
 		{"Config.GCGracePeriod", func(c *Config) { c.GCGracePeriod = -1 }},
 		{"Config.MaxTxAttempts", func(c *Config) { c.MaxTxAttempts = -1 }},
-		{"Config.MaxGroupSize", func(c *Config) { c.MaxGroupSize = -1 }},
-		{"Config.MaxGroupSize", func(c *Config) { c.MaxGroupSize = MaxBatch + 1 }},
 		{"Config.MaxBatchSize", func(c *Config) { c.MaxBatchSize = -1 }},
-		{"Config.MaxBatchSize", func(c *Config) { c.MaxBatchSize = MaxBatch + 1 }},
+		{"Config.MaxBatchSize", func(c *Config) { c.MaxBatchSize = MaxWorkMany + 1 }},
 		{"Config.MaxOpenConns", func(c *Config) { c.MaxOpenConns = -1 }},
 		{"Config.MaxIdleConns", func(c *Config) { c.MaxIdleConns = -1 }},
 		{"Config.DSN", func(c *Config) { c.DSN = "postgres://user:s3cret@host:notaport/db" }},
@@ -100,7 +100,7 @@ func TestOpenSSLHint(t *testing.T) {
 }
 
 // ValidateProcess is the one rule for process names: valid UTF-8, 1 to
-// MaxProcessLength bytes, no white space, no control characters. Each
+// maxProcessLength bytes, no white space, no control characters. Each
 // refusal wraps ErrInvalidArgument and says what is wrong.
 func TestValidateProcess(t *testing.T) {
 	for _, tc := range []struct {
@@ -110,9 +110,9 @@ func TestValidateProcess(t *testing.T) {
 		{"burn-in", ""},
 		{"os_install.v2", ""},
 		{"prüfung/α", ""},
-		{strings.Repeat("p", MaxProcessLength), ""},
+		{strings.Repeat("p", maxProcessLength), ""},
 		{"", "empty"},
-		{strings.Repeat("p", MaxProcessLength+1), "more than 128"},
+		{strings.Repeat("p", maxProcessLength+1), "more than 128"},
 		{"\xfe", "not valid UTF-8"},
 		{"a\nb", "control character (U+000A) at byte 1"},
 		{"nul\x00", "control character (U+0000)"},
@@ -140,7 +140,7 @@ func TestSessionMethodsRejectBadInput(t *testing.T) {
 	s := e.session(e.open())
 	ctx := context.Background()
 	m := e.machine()
-	for _, process := range []string{"", strings.Repeat("p", MaxProcessLength+1), "nul\x00", "\xfe", "a\nb", "a b"} {
+	for _, process := range []string{"", strings.Repeat("p", maxProcessLength+1), "nul\x00", "\xfe", "a\nb", "a b"} {
 		if _, err := s.Work(ctx, process, retrieveAll(m)); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "process") {
 			t.Errorf("Work(%q) = %v, want ErrInvalidArgument", process, err)
 		}
@@ -151,7 +151,7 @@ func TestSessionMethodsRejectBadInput(t *testing.T) {
 	if err := s.Transact(ctx, nil); !errors.Is(err, ErrInvalidArgument) {
 		t.Errorf("Transact(nil) = %v", err)
 	}
-	w, err := s.Work(ctx, strings.Repeat("p", MaxProcessLength), retrieveAll(m))
+	w, err := s.Work(ctx, strings.Repeat("p", maxProcessLength), retrieveAll(m))
 	if err != nil {
 		t.Fatalf("Work with a process name of the maximum length: %v", err)
 	}
@@ -179,7 +179,7 @@ func TestSessionMethodsRejectBadInput(t *testing.T) {
 		t.Errorf("history after refused calls = %v", got)
 	}
 	// An over-long cause is truncated at a UTF-8 boundary, not refused.
-	cause := strings.Repeat("é", MaxCauseLength) // 2 bytes each
+	cause := strings.Repeat("é", maxCauseLength) // 2 bytes each
 	if err := w.Fail(ctx, &testBackoff, cause+"\x00"); err != nil {
 		t.Fatalf("Fail with a long cause: %v", err)
 	}
@@ -187,7 +187,7 @@ func TestSessionMethodsRejectBadInput(t *testing.T) {
 	if err := e.db.QueryRow("SELECT failed_cause FROM work_history WHERE event = 'Failed'").Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	if len(stored) != MaxCauseLength || !utf8.ValidString(stored) || !strings.HasPrefix(cause, stored) {
+	if len(stored) != maxCauseLength || !utf8.ValidString(stored) || !strings.HasPrefix(cause, stored) {
 		t.Errorf("stored cause is %d bytes, valid=%v", len(stored), utf8.ValidString(stored))
 	}
 	var backoffCause string
@@ -211,5 +211,36 @@ func TestClosedConnection(t *testing.T) {
 	}
 	if _, err := c.CollectGarbage(context.Background()); !errors.Is(err, ErrConnectionClosed) {
 		t.Errorf("CollectGarbage after Close = %v", err)
+	}
+}
+
+// countingConnector counts the connections its pool opens.
+type countingConnector struct {
+	driver.Connector
+	n atomic.Int64
+}
+
+func (c *countingConnector) Connect(ctx context.Context) (driver.Conn, error) {
+	c.n.Add(1)
+	return c.Connector.Connect(ctx)
+}
+
+// Config.WrapConnector wraps the pool's connector: every connection of the
+// Connection's pool is opened through it.
+func TestWrapConnector(t *testing.T) {
+	e := newEnv(t)
+	var wrapped *countingConnector
+	c := e.open(func(cfg *Config) {
+		cfg.WrapConnector = func(inner driver.Connector) driver.Connector {
+			wrapped = &countingConnector{Connector: inner}
+			return wrapped
+		}
+	})
+	s := e.session(c)
+	if err := s.Transact(context.Background(), func(*Tx) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if wrapped == nil || wrapped.n.Load() == 0 {
+		t.Fatal("the pool did not connect through the wrapper")
 	}
 }

@@ -63,7 +63,7 @@ func (w *Work) ClaimID() uuid.UUID { return w.claimID }
 // package example of fencing.
 func (w *Work) FencingToken() int64 { return w.token }
 
-// Work claims a machine for process: WorkBatch with a limit of one. In one
+// Work claims a machine for process: WorkMany with a limit of one. In one
 // transaction it runs retrieve, which returns candidate machine ids in
 // order of preference, and claims the first candidate that is neither
 // claimed for process nor in backoff for it, recording a Started history
@@ -91,26 +91,26 @@ func (w *Work) FencingToken() int64 { return w.token }
 // of Transact. If the claim's COMMIT was ambiguous, Work finds out which of
 // its claims committed and returns those.
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
-	works, err := s.WorkBatch(ctx, process, 1, retrieve)
+	works, err := s.WorkMany(ctx, process, 1, retrieve)
 	if err != nil {
 		return nil, err
 	}
 	return works[0], nil
 }
 
-// MaxBatch is the largest limit of WorkBatch.
-const MaxBatch = 1000
+// MaxWorkMany is the largest limit of WorkMany.
+const MaxWorkMany = 1000
 
-// WorkBatch is Work for up to limit machines at once: it claims as many
+// WorkMany is Work for up to limit machines at once: it claims as many
 // of retrieve's candidates as it can, in order, up to limit, and returns
 // one Work for each, to be ended on its own. A batch holds its machines
 // until each ends, so keep limit near what a worker processes at once
 // (worker.Loop claims for its free handlers). It returns an error wrapping
-// ErrInvalidArgument for limit outside [1, MaxBatch], and otherwise the
+// ErrInvalidArgument for limit outside [1, MaxWorkMany], and otherwise the
 // errors of Work.
-func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
-	if limit < 1 || limit > MaxBatch {
-		return nil, invalidArgument("WorkBatch: limit is %d, must be in [1, %d]", limit, MaxBatch)
+func (s *Session) WorkMany(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
+	if limit < 1 || limit > MaxWorkMany {
+		return nil, invalidArgument("WorkMany: limit is %d, must be in [1, %d]", limit, MaxWorkMany)
 	}
 	if err := ValidateProcess(process); err != nil {
 		return nil, err
@@ -125,16 +125,17 @@ func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retr
 		err = c.err
 	}
 	s.conn.recordClaims(process, limit, len(c.claims), err)
-	metrics := s.conn.metrics
 	if err != nil {
 		return nil, err
 	}
-	metrics.workEvents(c.abandoned, store.WorkHistoryEventAbandoned)
+	st := &s.conn.stats
+	st.events(c.abandoned, store.WorkHistoryEventAbandoned)
+	latency := s.conn.metrics.claimSeconds.WithLabelValues(s.conn.cfg.ComponentName, process)
 	works := make([]*Work, len(c.claims))
 	for i, got := range c.claims {
 		works[i] = &Work{s: s, machine: got.machine, process: process, claimID: got.id, token: got.token}
-		metrics.workEvent(process, store.WorkHistoryEventStarted)
-		metrics.claimed(process, time.Since(start).Seconds())
+		st.event(process, store.WorkHistoryEventStarted)
+		latency.Observe(time.Since(start).Seconds())
 	}
 	return works, nil
 }
@@ -155,21 +156,21 @@ func (s *Session) WorkBatch(ctx context.Context, process string, limit int, retr
 // session and process; if it panics, Finish panics with the same value and
 // the Work stays open. An error from commit, wrapped with the machine and
 // the process, fails only this Finish and leaves the Work open. commit must
-// not be nil, unless opts hold CommitBatched, which commits the result with
-// a BatchCommit instead (commit must then be nil).
+// not be nil, unless opts hold CommitShared, which commits the result with
+// a SharedCommit instead (commit must then be nil).
 func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error, opts ...FinishOption) error {
 	r := &endRequest{w: w, event: store.WorkHistoryEventFinished, commit: commit}
 	for _, o := range opts {
 		r.batch = o.batch
 		if r.batch == nil {
-			return invalidArgument("Finish: CommitBatched of a nil BatchCommit (make one with NewBatchCommit)")
+			return invalidArgument("Finish: CommitShared of a nil SharedCommit (make one with NewSharedCommit)")
 		}
 	}
 	switch {
 	case r.batch == nil && commit == nil:
 		return invalidArgument("Finish: commit is nil")
 	case r.batch != nil && commit != nil:
-		return invalidArgument("Finish: both a commit and CommitBatched")
+		return invalidArgument("Finish: both a commit and CommitShared")
 	}
 	return w.end(ctx, r)
 }
@@ -187,7 +188,7 @@ func (w *Work) Cancel(ctx context.Context) error {
 // session still holds it), records Failed with cause, and, if backoff is not
 // nil, keeps (machine, process) from being claimed again for an interval
 // grown from the previous one (see Backoff). cause is truncated to
-// MaxCauseLength bytes. It returns an error wrapping ErrInvalidArgument for
+// 4096 bytes. It returns an error wrapping ErrInvalidArgument for
 // an invalid backoff, and ErrWorkLost or ErrSessionExpired if the claim was
 // already gone. Like Finish, it shares its transaction.
 func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {

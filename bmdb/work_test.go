@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/model"
 )
 
@@ -308,7 +309,9 @@ func TestWorkAmbiguousCommit(t *testing.T) {
 		t.Run(map[bool]string{true: "committed", false: "rolled back"}[committed], func(t *testing.T) {
 			e := newWorkEnv(t)
 			// A long interval: no heartbeat commits while the hook is armed.
-			c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+			// PostgreSQL's commit (the hook); cockroach mode's commit point
+			// is TestCockroachAmbiguousCommit's.
+			c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval = time.Minute })
 			var armed atomic.Bool // only Work's COMMIT
 			var once sync.Once
 			c.hooks.commit = func(tx *sql.Tx) error {
@@ -416,7 +419,7 @@ func TestFinishRacingATakeover(t *testing.T) {
 // session on the same machine.
 func TestRetriedEndDoesNotEndANewerClaim(t *testing.T) {
 	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+	c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval = time.Minute }) // PostgreSQL's commit (the hook)
 	var armed atomic.Bool
 	c.hooks.commit = func(tx *sql.Tx) error {
 		if !armed.CompareAndSwap(true, false) {
@@ -459,7 +462,7 @@ func TestRetriedEndDoesNotEndANewerClaim(t *testing.T) {
 // wait for this one's batch.)
 func TestAmbiguousClaimDoesNotAdoptAnotherClaim(t *testing.T) {
 	e := newWorkEnv(t)
-	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
+	c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval = time.Minute }) // PostgreSQL's commit (the hook)
 	s := e.session(c)
 	m := e.machine()
 	var armed atomic.Bool

@@ -19,9 +19,6 @@ GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 GRANT SELECT, INSERT, UPDATE, DELETE ON
     machines, sessions, work, work_history, work_backoff, work_fencing
 TO bmdb_worker;
--- Every session check reads claim_gate (the claim gate itself is
--- PostgreSQL's; on CockroachDB nobody writes the table).
-GRANT SELECT ON claim_gate TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.
 GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
 GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_worker;

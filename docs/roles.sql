@@ -2,9 +2,11 @@
 -- use docs/roles-cockroachdb.sql (no sequence there, and no passwords on an
 -- insecure cluster).
 --
--- bmdb_migrator owns the schema: run migrations (bmdbctl migrate up, or the
--- first component with migrations on) as this role; it alone needs
--- bmdb_migration_lock (and, on CockroachDB, golang-migrate's schema_lock).
+-- bmdb_migrator owns the schema: run migrations (bmdbctl migrate up, with
+-- --app NAME --migrations DIR for an application's; migrations.Migrator.Up;
+-- or the first component with migrations on) and bmdbctl migrate force as
+-- this role; it alone needs bmdb_migration_lock (and, on CockroachDB,
+-- golang-migrate's schema_lock).
 -- bmdb_worker is what components run as, with Config.SkipMigrations = true:
 -- DML on the tables, nothing else (no DDL, no TRUNCATE). Opening reads the
 -- schema versions (schema_migrations, and each application's
@@ -33,10 +35,6 @@ GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 GRANT SELECT, INSERT, UPDATE, DELETE ON
     machines, sessions, work, work_history, work_backoff, work_fencing
 TO bmdb_worker;
--- Every session check reads claim_gate; on PostgreSQL batch transactions
--- may lock it (LOCK TABLE ... IN EXCLUSIVE MODE needs UPDATE) and a
--- process turns it on by writing its one row.
-GRANT SELECT, INSERT, UPDATE ON claim_gate TO bmdb_worker;
 -- work_history.id is a BIGSERIAL, whose sequence the worker draws from.
 GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.

@@ -1,5 +1,5 @@
 -- 000011_app_schema_compat: the rolling-upgrade declarations of
--- applications' own migrations (bmdb.Application), the counterpart of
+-- applications' own migrations (migrations.Application), the counterpart of
 -- bmdb_schema_compat for each application's version table. An
 -- application's migration N inserts (application, N, oldest_compatible):
 -- the oldest version of that application's schema whose binaries still

@@ -1,26 +1,66 @@
-// Package migrations holds bmdb's SQL schema as golang-migrate files,
-// embedded into every binary that links bmdb.
+// Package migrations is bmdb's migration room: bmdb's SQL schema as
+// golang-migrate files, embedded into every binary that links bmdb (FS,
+// Schema), an application's own schema on top of it (Application), and
+// the Migrator that brings a database to both and administers them.
+// bmdb.Open uses it (migrating, or only checking with
+// Config.SkipMigrations), and so does bmdbctl migrate; an application's
+// own tooling can too:
+//
+//	m, err := migrations.New(dsn, &migrations.Config{Application: app, HolderInfo: "deploy job 42"})
+//	if err != nil {
+//		// a bad DSN or Application: errors.Is(err, migrations.ErrInvalidArgument)
+//	}
+//	err = m.Up(ctx) // bmdb's schema, then the application's
+//
+// # Files
 //
 // Files are named NNNNNN_name.up.sql / NNNNNN_name.down.sql with fixed-width
 // versions. Each up file states in its header which older binaries still work
 // against the schema it creates. The same files are sqlc's schema.
 //
+// # Versions, and the lease
+//
+// Each schema records its version in a table of its own, as golang-migrate
+// does: bmdb's in schema_migrations, an application's in
+// <name>_schema_migrations, numbered independently. Reading them takes no
+// lock, so any number of components open a database at once; only one
+// that finds a schema behind (or dirty) takes the migration lease, a row of
+// bmdb_migration_lock on the database clock that its holder renews while
+// it migrates and deletes when done, and that expires by itself if the
+// holder dies (Migrator.ReadLock and ClearLock; bmdbctl migrate lock and
+// unlock). Neither engine's own lock is relied upon.
+//
+// # Rolling upgrades
+//
+// A schema newer than a binary's files is used as it is if every newer
+// migration declared the binary's version still compatible, in
+// bmdb_schema_compat (bmdb's) or bmdb_app_schema_compat (an
+// application's), and refused with ErrSchemaTooNew otherwise.
+//
+// # Dirty versions
+//
 // A migration must not fail half-way silently. PostgreSQL runs a file in
 // one transaction, but CockroachDB does not: 25.x commits what precedes
 // each DDL statement on its own (autocommit_before_ddl), and 23.2/24.x may
-// report a multi-statement schema change committed in part (XXA00). So each
-// up file is either one statement or safe to run again from any partial
-// state (IF NOT EXISTS, IF EXISTS, OR REPLACE, ON CONFLICT DO NOTHING
-// throughout), and says so with a line of its own:
+// report a multi-statement schema change committed in part (XXA00). And on
+// either engine a migrator killed or cut off in a migration leaves its
+// version dirty, whether or not the server finished the file after its
+// client was gone. So each up file is either one statement or safe to run
+// again from any partial state (IF NOT EXISTS, IF EXISTS, OR REPLACE, ON
+// CONFLICT DO NOTHING throughout), and says so with a line of its own:
 //
 //	-- bmdb:rerunnable
 //
-// A version left dirty by a failed run of such a file is recovered by Open
-// and bmdbctl migrate up: they force the previous version and run the file
-// again. A dirty version whose file lacks the marker is refused with a
-// message saying what to repair. 000001 lacks it: PostgreSQL has no CREATE
-// TYPE IF NOT EXISTS (and on a database that had no schema, its repair is
-// to drop what it created). Application migrations follow the same rule.
+// A version left dirty by a file so marked is recovered by Open,
+// Migrator.Up and bmdbctl migrate up: they force the previous version and
+// run the file again. A dirty version whose file lacks the marker is
+// refused with a *SchemaVersionError that names the version table, lists
+// what the file creates and which of it exists now, and says which
+// version that means the schema matches; once it matches one,
+// Migrator.Force (bmdbctl migrate force VERSION [--app NAME]) records it.
+// 000001 lacks the marker: PostgreSQL has no CREATE TYPE IF NOT EXISTS
+// (and on a database that had no schema, its repair is to drop what it
+// created). Application migrations follow the same rules.
 package migrations
 
 import (

@@ -68,22 +68,6 @@ type ActiveBackoff struct {
 	SecondsLeft     float64   `json:"seconds_left"`
 }
 
-type BmdbAppSchemaCompat struct {
-	Application      string `json:"application"`
-	Version          int64  `json:"version"`
-	OldestCompatible int64  `json:"oldest_compatible"`
-}
-
-type BmdbSchemaCompat struct {
-	Version          int64 `json:"version"`
-	OldestCompatible int64 `json:"oldest_compatible"`
-}
-
-type ClaimGate struct {
-	Gate  bool      `json:"gate"`
-	Until time.Time `json:"until"`
-}
-
 type CurrentWork struct {
 	MachineID     uuid.UUID `json:"machine_id"`
 	Process       string    `json:"process"`
@@ -102,11 +86,6 @@ type LiveSession struct {
 	Deadline        time.Time `json:"deadline"`
 	IntervalSeconds float64   `json:"interval_seconds"`
 	SecondsLeft     float64   `json:"seconds_left"`
-}
-
-type Machine struct {
-	MachineID        uuid.UUID `json:"machine_id"`
-	MachineCreatedAt time.Time `json:"machine_created_at"`
 }
 
 type MachineOverview struct {
@@ -135,28 +114,6 @@ type Session struct {
 	CreatedAt       time.Time `json:"created_at"`
 	IntervalSeconds float64   `json:"interval_seconds"`
 	Deadline        time.Time `json:"deadline"`
-}
-
-type Work struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-	SessionID uuid.UUID `json:"session_id"`
-	StartedAt time.Time `json:"started_at"`
-	ClaimID   uuid.UUID `json:"claim_id"`
-}
-
-type WorkBackoff struct {
-	MachineID       uuid.UUID `json:"machine_id"`
-	Process         string    `json:"process"`
-	Until           time.Time `json:"until"`
-	Cause           string    `json:"cause"`
-	IntervalSeconds float64   `json:"interval_seconds"`
-}
-
-type WorkFencing struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	Process   string    `json:"process"`
-	Token     int64     `json:"token"`
 }
 
 type WorkHistory struct {

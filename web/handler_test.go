@@ -18,8 +18,9 @@ import (
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
-	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
@@ -313,7 +314,7 @@ func TestCustomStages(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dsn := testdb.New(t)
-	app := &bmdb.Application{Name: "racks", Migrations: fstest.MapFS{
+	app := &migrations.Application{Name: "racks", Migrations: fstest.MapFS{
 		"000001_racks.up.sql": {Data: []byte(`
 CREATE TABLE racked (machine_id UUID PRIMARY KEY REFERENCES machines);
 CREATE VIEW app_stages AS

@@ -17,7 +17,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // runAsync runs l in the background and returns Run's result channel; the
@@ -222,7 +222,7 @@ func TestPermanentErrorsEndRun(t *testing.T) {
 			t.Fatalf("test DSN is not a URL: %v", err)
 		}
 		u.User = url.UserPassword(role, "worker-password") // the test server trusts local connections
-		conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: u.String(), ComponentName: "burner", SkipMigrations: true})
+		conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: u.String(), ComponentName: "burner", SkipMigrations: true, WrapConnector: testdb.WrapConnector()})
 		if err != nil {
 			t.Fatalf("Open as the worker role: %v", err)
 		}

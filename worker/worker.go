@@ -5,7 +5,7 @@
 // session when it expires.
 //
 // A Loop owns one session at a time. Its claimer claims for all its free
-// handlers in one Session.WorkBatch, and its handlers end their claims
+// handlers in one Session.WorkMany, and its handlers end their claims
 // with Finish, Fail and Cancel, which bmdb batches (see "Batches" in
 // package bmdb's doc).
 //
@@ -34,7 +34,7 @@ import (
 // Defaults of Config.
 const (
 	ConcurrencyDefault   = 1
-	CandidatesDefault    = 16
+	CandidatesDefault    = 64
 	PollMinDefault       = 100 * time.Millisecond
 	PollMaxDefault       = 5 * time.Second
 	ShutdownGraceDefault = 10 * time.Second
@@ -50,13 +50,13 @@ var BackoffDefault = bmdb.Backoff{Initial: time.Second, Maximum: 5 * time.Minute
 // run several times: it must only read, through tx.
 type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error)
 
-// Process does the work on a claimed machine outside any transaction, and
+// Handler does the work on a claimed machine outside any transaction, and
 // returns what Finish commits, or an error, which fails the Work with
 // Config.Backoff and the error's text as cause.
 //
 // A nil commit with a nil error is the one place bmdb accepts "no commit":
 // it means the machine's work left nothing to write beyond ending the
-// claim (or, if Config.CommitBatch is set, that CommitBatch writes it), and
+// claim (or, if Config.CommitShared is set, that CommitShared writes it), and
 // the loop finishes the claim. bmdb's Work.Finish itself refuses a nil
 // commit (ErrInvalidArgument): code that calls Finish directly passes
 // func(*bmdb.Tx) error { return nil } to say the same.
@@ -66,10 +66,10 @@ type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, 
 // (bmdb.IsPermanent: a missing table or column, a syntax error, a
 // permission denied, a type mismatch) also ends Run with ErrPermanent. ctx
 // is cancelled when the session ends (the claim can no longer be finished)
-// or ShutdownGrace after shutdown began; Process should then return
+// or ShutdownGrace after shutdown began; the Handler should then return
 // promptly. Each call runs on a handler goroutine of its own, up to
 // Config.Concurrency at once.
-type Process func(ctx context.Context, w *bmdb.Work) (commit func(tx *bmdb.Tx) error, err error)
+type Handler func(ctx context.Context, w *bmdb.Work) (commit func(tx *bmdb.Tx) error, err error)
 
 // Config configures a Loop. Process, Retrieve and Work are required.
 type Config struct {
@@ -79,26 +79,29 @@ type Config struct {
 	// Retrieve proposes machines to claim. Required.
 	Retrieve Retrieve
 	// Work processes one claimed machine. Required.
-	Work Process
-	// CommitBatch, if set, commits the results of the machines whose Work
+	Work Handler
+	// CommitShared, if set, commits the results of the machines whose Work
 	// returned a nil commit and no error, once for all such machines that
-	// one of bmdb's batches finishes (bmdb.CommitBatched): one statement for
+	// one of bmdb's batches finishes (bmdb.CommitShared): one statement for
 	// many machines instead of a callback each, for applications whose
 	// results can be written that way. It has the contract of
-	// bmdb.NewBatchCommit's commit. Defaults to nil: such machines are
+	// bmdb.NewSharedCommit's commit. Defaults to nil: such machines are
 	// finished with nothing committed beyond ending their claims.
-	CommitBatch func(tx *bmdb.Tx, works []*bmdb.Work) error
+	CommitShared func(tx *bmdb.Tx, works []*bmdb.Work) error
 	// Concurrency is how many machines the loop works on at once, each in
 	// a handler goroutine of its own; the loop claims for all its free
 	// handlers in one transaction. A handler's slot is free again when its
 	// Work returns, while its claim is being ended (the next claim may share
 	// that end's transaction), so the loop holds up to 2*Concurrency
-	// claims. At most bmdb.MaxBatch. Defaults to ConcurrencyDefault.
+	// claims. At most bmdb.MaxWorkMany. Defaults to ConcurrencyDefault.
 	Concurrency int
 	// Candidates is the limit passed to Retrieve (widened after conflicts,
 	// see PollMin). The loop tries the candidates in random order, so that
-	// loops of other processes spread over them. Defaults to
-	// CandidatesDefault, or 2*Concurrency if that is more.
+	// loops of other processes spread over them: the more candidates, the
+	// fewer of them two loops' claims both try (on PostgreSQL a candidate
+	// another process claimed after this claim's snapshot makes the claim
+	// statement try again). Defaults to CandidatesDefault, or
+	// 2*Concurrency if that is more.
 	Candidates int
 	// Backoff is applied to a machine whose Work failed. Defaults to
 	// BackoffDefault.
@@ -164,8 +167,8 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: worker.Config.Retrieve is nil", bmdb.ErrInvalidArgument)
 	case c.Work == nil:
 		return fmt.Errorf("%w: worker.Config.Work is nil", bmdb.ErrInvalidArgument)
-	case c.Concurrency < 1 || c.Concurrency > bmdb.MaxBatch:
-		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be in [1, %d]", bmdb.ErrInvalidArgument, c.Concurrency, bmdb.MaxBatch)
+	case c.Concurrency < 1 || c.Concurrency > bmdb.MaxWorkMany:
+		return fmt.Errorf("%w: worker.Config.Concurrency is %d, must be in [1, %d]", bmdb.ErrInvalidArgument, c.Concurrency, bmdb.MaxWorkMany)
 	case c.Candidates < 1 || c.Candidates > 1<<20:
 		return fmt.Errorf("%w: worker.Config.Candidates is %d, must be in [1, 2^20]", bmdb.ErrInvalidArgument, c.Candidates)
 	case c.PollMin <= 0 || c.PollMax < c.PollMin:
@@ -186,7 +189,7 @@ func (c Config) validate() error {
 // Stats are a Loop's cumulative figures.
 type Stats struct {
 	Sessions  int64 // sessions started
-	Polls     int64 // claim calls (Session.WorkBatch)
+	Polls     int64 // claim calls (Session.WorkMany)
 	Asked     int64 // machines asked for by those calls (free handlers)
 	Claimed   int64 // successful claims
 	Finished  int64 // claims ended by Finish
@@ -205,7 +208,7 @@ type Stats struct {
 type Loop struct {
 	conn  *bmdb.Connection
 	cfg   Config
-	batch *bmdb.BatchCommit // of Config.CommitBatch; nil without one
+	batch *bmdb.SharedCommit // of Config.CommitShared; nil without one
 	// stop ends Run early with a cause: errIdle, or an error wrapping
 	// ErrPermanent. Set by Run before it starts any goroutine; called by
 	// the claimer and the handlers.
@@ -228,7 +231,7 @@ func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewBatchCommit(cfg.CommitBatch)}, nil
+	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared)}, nil
 }
 
 // Stats returns the loop's figures so far.
@@ -314,7 +317,7 @@ func (l *Loop) permanent(err error) {
 // runSession claims and processes machines on sess until ctx is done (and
 // in-flight work has ended) or sess ends.
 func (l *Loop) runSession(ctx context.Context, sess *bmdb.Session) {
-	// workCtx is what Process runs under: it ends with the session, or
+	// workCtx is what the Handler runs under: it ends with the session, or
 	// ShutdownGrace after ctx.
 	workCtx, cancelWork := context.WithCancelCause(sess.Context())
 	defer cancelWork(nil)
@@ -439,7 +442,7 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, end
 	if claimCtx.Err() != nil {
 		// Claimed as shutdown began (a claim transaction runs for all its
 		// callers): give it back unworked.
-		l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
+		l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
 		return
 	}
 	commit, err := l.cfg.Work(workCtx, w)
@@ -448,7 +451,7 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, end
 	ending <- struct{}{}
 	defer func() { <-ending }()
 	free()
-	l.settle(workCtx, w, commit, err)
+	l.endClaim(workCtx, w, commit, err)
 }
 
 // conflictWiden bounds how many times in a row a claimer that lost all its
@@ -475,7 +478,7 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*
 		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		return ids, err
 	}
-	works, err := sess.WorkBatch(ctx, l.cfg.Process, n, retrieve)
+	works, err := sess.WorkMany(ctx, l.cfg.Process, n, retrieve)
 	switch {
 	case err == nil:
 		l.claimed.Add(int64(len(works)))
@@ -487,8 +490,8 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*
 	return works, err
 }
 
-// settle ends one claim after Config.Work returned commit and err.
-func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.Tx) error, err error) {
+// endClaim ends one claim after Config.Work returned commit and err.
+func (l *Loop) endClaim(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.Tx) error, err error) {
 	sessCtx := w.Session().Context()
 	if sessCtx.Err() != nil {
 		// The claim went with the session: nothing can end it now.
@@ -501,11 +504,11 @@ func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.T
 		finish := func(ctx context.Context) error { return w.Finish(ctx, commit) }
 		switch {
 		case commit == nil && l.batch != nil:
-			finish = func(ctx context.Context) error { return w.Finish(ctx, nil, bmdb.CommitBatched(l.batch)) }
+			finish = func(ctx context.Context) error { return w.Finish(ctx, nil, bmdb.CommitShared(l.batch)) }
 		case commit == nil:
 			finish = func(ctx context.Context) error { return w.Finish(ctx, func(*bmdb.Tx) error { return nil }) }
 		}
-		err := l.ending(workCtx, finish)
+		err := l.bounded(workCtx, finish)
 		if err != nil && !lost(err) {
 			// The commit itself failed (or its outcome is unknown): back off
 			// rather than retry it at once. If it did commit, Fail finds the
@@ -516,33 +519,33 @@ func (l *Loop) settle(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.T
 			} else {
 				klog.Warningf("%v", named)
 			}
-			l.end(workCtx, w, &l.failed, l.ending(workCtx, func(ctx context.Context) error {
+			l.record(workCtx, w, &l.failed, l.bounded(workCtx, func(ctx context.Context) error {
 				return w.Fail(ctx, &l.cfg.Backoff, "finish failed: "+err.Error())
 			}))
 			return
 		}
-		l.end(workCtx, w, &l.finished, err)
+		l.record(workCtx, w, &l.finished, err)
 	case errors.Is(context.Cause(workCtx), errShutdown):
-		l.end(workCtx, w, &l.canceled, l.ending(workCtx, w.Cancel))
+		l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
 	default:
-		l.end(workCtx, w, &l.failed, l.ending(workCtx, func(ctx context.Context) error {
+		l.record(workCtx, w, &l.failed, l.bounded(workCtx, func(ctx context.Context) error {
 			return w.Fail(ctx, &l.cfg.Backoff, err.Error())
 		}))
 	}
 }
 
-// ending runs one call that ends a claim. It must not be cut short by
+// bounded runs one call that ends a claim. It must not be cut short by
 // shutdown: it is bounded by the session (Transact aborts when it ends) and
 // by a timeout of its own.
-func (l *Loop) ending(workCtx context.Context, end func(ctx context.Context) error) error {
+func (l *Loop) bounded(workCtx context.Context, end func(ctx context.Context) error) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(workCtx), l.cfg.ShutdownGrace+time.Second)
 	defer cancel()
 	return end(ctx)
 }
 
-// end counts how a claim ended; if ending it failed for another reason than
+// record counts how a claim ended; if ending it failed for another reason than
 // losing it, it cancels the claim, so that it does not stay held.
-func (l *Loop) end(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64, err error) {
+func (l *Loop) record(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64, err error) {
 	switch {
 	case err == nil:
 		counter.Add(1)
@@ -563,7 +566,7 @@ func (l *Loop) end(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64,
 func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 	delay := l.cfg.PollMin
 	for {
-		err := l.ending(workCtx, w.Cancel)
+		err := l.bounded(workCtx, w.Cancel)
 		switch {
 		case err == nil:
 			l.canceled.Add(1)

@@ -16,8 +16,8 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }
@@ -52,7 +52,7 @@ func newEnv(t *testing.T, n int) *env {
 	}
 	// Long enough that a loaded machine does not expire sessions by accident:
 	// tests of expiry force it in the database.
-	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: testdb.WithApplicationName(t, dsn, loopApp), ComponentName: "worker-test", SessionInterval: 3 * time.Second})
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: testdb.WithApplicationName(t, dsn, loopApp), ComponentName: "worker-test", SessionInterval: 3 * time.Second, WrapConnector: testdb.WrapConnector()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,13 +395,13 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		mod   func(*Config)
 	}{
 		{"Process", func(c *Config) { c.Process = "" }},
-		{"Process", func(c *Config) { c.Process = strings.Repeat("p", bmdb.MaxProcessLength+1) }},
+		{"Process", func(c *Config) { c.Process = strings.Repeat("p", 129) }},
 		{"Process", func(c *Config) { c.Process = "a\nb" }},
 		{"Process", func(c *Config) { c.Process = "burn in" }},
 		{"Retrieve", func(c *Config) { c.Retrieve = nil }},
 		{"Work", func(c *Config) { c.Work = nil }},
 		{"Concurrency", func(c *Config) { c.Concurrency = -1 }},
-		{"Concurrency", func(c *Config) { c.Concurrency = bmdb.MaxBatch + 1 }},
+		{"Concurrency", func(c *Config) { c.Concurrency = bmdb.MaxWorkMany + 1 }},
 		{"Candidates", func(c *Config) { c.Candidates = -1 }},
 		{"PollMin", func(c *Config) { c.PollMin = -time.Second }},
 		{"PollMax", func(c *Config) { c.PollMin, c.PollMax = time.Second, time.Millisecond }},
@@ -553,7 +553,7 @@ func TestLoopBatchesClaimsAndEnds(t *testing.T) {
 	}
 }
 
-// With Config.CommitBatch, the machines whose Work returned no commit are
+// With Config.CommitShared, the machines whose Work returned no commit are
 // committed by one call per batch, with all of its Works.
 func TestLoopCommitBatch(t *testing.T) {
 	e := newEnv(t, 30)
@@ -565,7 +565,7 @@ func TestLoopCommitBatch(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			return nil, nil
 		},
-		CommitBatch: func(tx *bmdb.Tx, ws []*bmdb.Work) error {
+		CommitShared: func(tx *bmdb.Tx, ws []*bmdb.Work) error {
 			calls.Add(1)
 			works.Add(int64(len(ws)))
 			ids := make([]uuid.UUID, len(ws))
@@ -588,7 +588,7 @@ func TestLoopCommitBatch(t *testing.T) {
 
 // With one handler, the end of a machine and the claim of the next share a
 // transaction: the handler's slot is free once its Work returns, and the
-// claimer's WorkBatch joins the Finish's batch. About one transaction per
+// claimer's WorkMany joins the Finish's batch. About one transaction per
 // machine, not two.
 func TestLoopEndAndNextClaimShareATransaction(t *testing.T) {
 	const n = 30

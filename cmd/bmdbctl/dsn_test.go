@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // The DSN that scripts/with-pg prints works as printed: pasted into

@@ -6,7 +6,9 @@
 //
 // Commands:
 //
-//	migrate up | down [--steps N] | version
+//	migrate up | down [--steps N] | version [--app NAME --migrations DIR]
+//	migrate force VERSION [--app NAME [--migrations DIR]]
+//	                               record VERSION as the schema's, clean, after a repair
 //	migrate lock | unlock          show, or clear, the migration lock
 //	sessions                       live sessions, with seconds until their deadline
 //	work [--process P]             current claims, with their component and age
@@ -29,6 +31,13 @@
 // (package web): component_name, machine_created_at, …. History is listed
 // newest first, as on the web pages.
 //
+// migrate prints the version of bmdb's schema and of every application's
+// after up, down and version, and exits with status 1 if one is dirty (a
+// migration that did not finish), saying how to tell which version the
+// schema matches; after a repair, migrate force VERSION records it, clean.
+// bmdbctl embeds bmdb's migrations only: --app NAME --migrations DIR gives
+// it an application's files.
+//
 // Exit status: 0 on success, 1 on a failure, 2 on a usage error (message on
 // stderr). The DSN's password is never printed.
 package main
@@ -44,6 +53,7 @@ import (
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // usageError is a mistake in the command line: exit status 2. cmd names
@@ -75,8 +85,8 @@ type command struct {
 }
 
 var commands = []command{
-	{"migrate", []string{"migrate up | down [--steps N] | version", "migrate lock | unlock"},
-		"apply or revert schema migrations and show the version; show or clear the migration lock", migrateCommand},
+	{"migrate", []string{"migrate up | down [--steps N] | version [--app NAME --migrations DIR]", "migrate force VERSION [--app NAME [--migrations DIR]]", "migrate lock | unlock"},
+		"apply or revert schema migrations and show the versions (exit 1 if one is dirty); force a version after a repair; show or clear the migration lock", migrateCommand},
 	{"sessions", []string{"sessions"}, "live sessions, with seconds until their deadline", sessionsCommand},
 	{"work", []string{"work [--process P] [--limit N]"}, "current claims, with their component and age", workCommand},
 	{"backoffs", []string{"backoffs [--process P] [--limit N]"}, "backoffs in force, with cause and time left", backoffsCommand},
@@ -229,14 +239,33 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 }
 
 // cliError restates an error of bmdb about its Config.DSN (which bmdbctl
-// fills from --dsn or $BMDB_DSN) in terms of the command line, as a usage
-// error; other errors are returned as they are.
+// fills from --dsn or $BMDB_DSN), and every invalid argument of package
+// migrations (a version migrate force does not know, too many --steps),
+// in terms of the command line, as a usage error; other errors are
+// returned as they are.
 func cliError(err error) error {
-	if err == nil || !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), "Config.DSN") {
-		return err
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, bmdb.ErrInvalidArgument) && strings.Contains(err.Error(), "Config.DSN"):
+		msg := strings.ReplaceAll(err.Error(), bmdb.ErrInvalidArgument.Error()+": ", "")
+		return usagef("%s", strings.ReplaceAll(msg, "Config.DSN", "--dsn (or $BMDB_DSN)"))
+	case errors.Is(err, migrations.ErrInvalidArgument):
+		msg := trimInvalid(err)
+		for _, r := range [][2]string{{"DSN is", "--dsn (or $BMDB_DSN) is"}, {"Down: steps", "--steps"}, {"Force: ", ""}} {
+			if rest, ok := strings.CutPrefix(msg, r[0]); ok {
+				msg = r[1] + rest
+			}
+		}
+		return usagef("%s", msg)
 	}
-	msg := strings.ReplaceAll(err.Error(), bmdb.ErrInvalidArgument.Error()+": ", "")
-	return usagef("%s", strings.ReplaceAll(msg, "Config.DSN", "--dsn (or $BMDB_DSN)"))
+	return err
+}
+
+// trimInvalid is err's message without package migrations' "invalid
+// argument" prefix.
+func trimInvalid(err error) string {
+	return strings.ReplaceAll(err.Error(), migrations.ErrInvalidArgument.Error()+": ", "")
 }
 
 // open connects for reading and operator writes, without migrating: the

@@ -24,8 +24,9 @@ import (
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
-	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
+	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/model"
 	"github.com/bmdb-dev/bmdb/web"
 )
@@ -258,20 +259,17 @@ func TestMigrateAndGC(t *testing.T) {
 		t.Errorf("sessions on an unmigrated database: exit %d, %s", code, errOut)
 	}
 	ok(t, dsn, "migrate", "up")
-	info, err := bmdb.ReadSchemaInfo(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
+	latest := bmdbLatest(t, dsn)
 	out := ok(t, dsn, "migrate", "down", "--steps", "1", "--json")
-	if !strings.Contains(out, fmt.Sprintf(`"database_version": %d,`, info.Binary-1)) {
+	if !strings.Contains(out, fmt.Sprintf(`"database_version": %d,`, latest-1)) {
 		t.Errorf("migrate down:\n%s", out)
 	}
-	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, fmt.Sprintf(`"database_version": %d,`, info.Binary)) {
+	if out := ok(t, dsn, "migrate", "up", "--json"); !strings.Contains(out, fmt.Sprintf(`"database_version": %d,`, latest)) {
 		t.Errorf("migrate up:\n%s", out)
 	}
 	// An application's schema, migrated by its own binary, is listed too,
 	// without a binary version (bmdbctl does not embed its migrations).
-	app, err := bmdb.NewApplication("burnin", fstest.MapFS{
+	app, err := migrations.NewApplication("burnin", fstest.MapFS{
 		"m/000001_t.up.sql": {Data: []byte("CREATE TABLE t (x INT8);")}, "m/000001_t.down.sql": {Data: []byte("DROP TABLE t;")},
 		"m/000002_u.up.sql": {Data: []byte("CREATE TABLE u (x INT8);")}, "m/000002_u.down.sql": {Data: []byte("DROP TABLE u;")},
 	}, "m")
@@ -284,7 +282,7 @@ func TestMigrateAndGC(t *testing.T) {
 	}
 	appConn.Close()
 	out = ok(t, dsn, "migrate", "version")
-	if !regexp.MustCompile(`(?m)^bmdb +\d+ +\d+ +false *$`).MatchString(out) || !regexp.MustCompile(`(?m)^burnin +2 +- +false *$`).MatchString(out) {
+	if !regexp.MustCompile(`(?m)^bmdb +schema_migrations +\d+ +\d+ +false *$`).MatchString(out) || !regexp.MustCompile(`(?m)^burnin +burnin_schema_migrations +2 +- +false *$`).MatchString(out) {
 		t.Errorf("migrate version lacks bmdb's or the application's version:\n%s", out)
 	}
 	if out := ok(t, dsn, "migrate", "version", "--json"); !strings.Contains(out, `"schema": "burnin",
@@ -367,8 +365,17 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"backoff", "clear", "--machine", id, "--process", "burn in"}, 2, "has white space"},
 		{[]string{"backoff", "clear", "--machine", id}, 2, "--process is required"},
 		{[]string{"backoff", "reset"}, 2, "clear"},
-		{[]string{"migrate", "sideways"}, 2, "up, down, version, lock or unlock"},
+		{[]string{"migrate", "sideways"}, 2, "up, down, version, force VERSION, lock or unlock"},
 		{[]string{"migrate", "down", "--steps", "0"}, 2, "--steps is 0, must be positive"},
+		{[]string{"migrate", "force"}, 2, "migrate force takes one VERSION, got 0 arguments"},
+		{[]string{"migrate", "force", "two"}, 2, `VERSION "two" is not a version number`},
+		{[]string{"migrate", "force", "-1"}, 2, "flag provided but not defined: --1"},
+		{[]string{"migrate", "force", "999"}, 2, "version 999 is not one of the migrations of bmdb's schema: want 0 (none applied) or one of 1-"},
+		{[]string{"migrate", "up", "--app", "racks"}, 2, "migrate up --app racks needs --migrations DIR"},
+		{[]string{"migrate", "version", "--migrations", "."}, 2, "--migrations needs --app"},
+		{[]string{"migrate", "lock", "--app", "racks"}, 2, "migrate lock takes no --app or --migrations"},
+		{[]string{"migrate", "up", "--app", "racks", "--migrations", "/nonexistent"}, 2, `--migrations "/nonexistent" is not a directory`},
+		{[]string{"migrate", "version", "extra"}, 2, `migrate version takes no arguments, got ["extra"]`},
 		{[]string{"history", "prune"}, 2, "--older-than"},
 		{[]string{"history", "prune", "--older-than", "1h", "--batch", "0"}, 2, "--batch is 0"},
 		// Durations: the error names the flag and the expected format.

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }

@@ -113,8 +113,8 @@ func (o options) validate() error {
 		return errors.New("no database: pass --dsn or set BMDB_DSN (make demo starts one)")
 	case o.machines < 0:
 		return fmt.Errorf("--machines is %d, must not be negative", o.machines)
-	case o.concurrency < 1 || o.concurrency > bmdb.MaxBatch:
-		return fmt.Errorf("--concurrency is %d, must be in [1, %d]", o.concurrency, bmdb.MaxBatch)
+	case o.concurrency < 1 || o.concurrency > bmdb.MaxWorkMany:
+		return fmt.Errorf("--concurrency is %d, must be in [1, %d]", o.concurrency, bmdb.MaxWorkMany)
 	case o.workDuration < 0:
 		return fmt.Errorf("--work-duration is %v, must not be negative", o.workDuration)
 	case !(o.failureRate >= 0 && o.failureRate < 1):
@@ -311,7 +311,7 @@ func seed(ctx context.Context, conn *bmdb.Connection, n int) error {
 
 // simulate returns the Work function of a stage: it sleeps about
 // workDuration and fails with probability failureRate.
-func simulate(st pipeline.Stage, o options) worker.Process {
+func simulate(st pipeline.Stage, o options) worker.Handler {
 	return func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
 		d := o.workDuration/2 + rand.N(o.workDuration+1)
 		select {

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/bmdbtest"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 func TestMain(m *testing.M) { bmdbtest.Main(m) }

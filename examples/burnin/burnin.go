@@ -21,6 +21,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/worker"
 
 	"example.com/burnin/burnindb"
@@ -38,8 +39,8 @@ var migrationFiles embed.FS
 
 // Application returns the application's schema, for bmdb.Config.Application:
 // bmdb.Open applies its migrations after bmdb's own.
-func Application() *bmdb.Application {
-	app, err := bmdb.NewApplication(Name, migrationFiles, "migrations")
+func Application() *migrations.Application {
+	app, err := migrations.NewApplication(Name, migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the files are embedded: only a build mistake gets here
 	}

@@ -41,7 +41,7 @@ import (
 	_ "github.com/lib/pq" // the harness's own connections
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/netproxy"
+	"github.com/bmdb-dev/bmdb/internal/testing/netproxy"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 

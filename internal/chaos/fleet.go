@@ -11,7 +11,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/bmdb-dev/bmdb/internal/netproxy"
+	"github.com/bmdb-dev/bmdb/internal/testing/netproxy"
 )
 
 // Args returns the command-line flags that ParseWorkerFlags turns back into c.

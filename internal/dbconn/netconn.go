@@ -51,9 +51,6 @@ type Settings struct {
 	// PinCockroach pins, on CockroachDB, the session settings bmdb relies
 	// on (pins.go).
 	PinCockroach bool
-	// EmulatedCockroach is cockroach mode: on a PostgreSQL server the pins
-	// are set as crdb.<name> placeholders, which PostgreSQL keeps.
-	EmulatedCockroach bool
 }
 
 // ErrMalformedDSN is wrapped by NewConnector's errors: the DSN does not
@@ -63,29 +60,34 @@ var ErrMalformedDSN = errors.New("bmdb: malformed DSN")
 // Connector opens a pool's connections. It implements driver.Connector.
 // Its methods are safe for concurrent use.
 type Connector struct {
-	pq       *pq.Connector
+	pq       driver.Connector // lib/pq's, or what wraps it
 	dialer   *dialer
 	timeout  time.Duration // bounds connecting when ctx has no deadline
 	settings Settings
 	// base, if not nil, bounds every call of the pool: when it ends, every
 	// connection is cut (a migration pool, bounded by Open's ctx, whose
 	// driver uses context.Background()).
-	base   context.Context
-	faults *Faults // nil: none
-	pins   pinState
+	base context.Context
+	pins pinState
 }
 
 // NewConnector parses dsn for a pool whose connections are bounded as
-// described above, with faults injected by f (nil: none). Errors wrap
-// ErrMalformedDSN.
-func NewConnector(dsn string, networkTimeout time.Duration, settings Settings, f *Faults) (*Connector, error) {
+// described above. If wrap is not nil, lib/pq's connector is wrapped with
+// it (a test's stand-in for another server: bmdb.Config.WrapConnector):
+// what it returns must be lib/pq's connections, or forward every call to
+// them. Errors wrap ErrMalformedDSN.
+func NewConnector(dsn string, networkTimeout time.Duration, settings Settings, wrap func(driver.Connector) driver.Connector) (*Connector, error) {
 	p, err := pq.NewConnector(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrMalformedDSN, RedactError(stripURLError(err), dsn))
 	}
 	d := newDialer(networkTimeout)
 	p.Dialer(d)
-	return &Connector{pq: p, dialer: d, timeout: networkTimeout, settings: settings, faults: f}, nil
+	var inner driver.Connector = p
+	if wrap != nil {
+		inner = wrap(p)
+	}
+	return &Connector{pq: inner, dialer: d, timeout: networkTimeout, settings: settings}, nil
 }
 
 // Bound makes every call of c's pool end when ctx ends, whatever context
@@ -93,9 +95,6 @@ func NewConnector(dsn string, networkTimeout time.Duration, settings Settings, f
 // context.Background(), bounded by the ctx of Open. Call it before the
 // pool is opened.
 func (c *Connector) Bound(ctx context.Context) { c.base = ctx }
-
-// Faults returns c's fault injector, nil if none.
-func (c *Connector) Faults() *Faults { return c.faults }
 
 // Driver implements driver.Connector.
 func (c *Connector) Driver() driver.Driver { return c.pq.Driver() }
@@ -135,17 +134,21 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	}()
 	raw, err := c.pq.Connect(context.WithValue(ctx, dialSlotKey{}, slot))
 	if err != nil {
-		return nil, ContextError(ctx, abandoned(slot.conn, err))
+		return nil, ContextError(ctx, cut(slot.conn, err))
 	}
-	pc := raw.(pqConn)
-	cn := &conn{pq: pc, nc: slot.conn, faults: c.faults, cache: newStmtCache(c.settings.StmtCacheSize)}
+	pc, ok := raw.(pqConn)
+	if !ok {
+		raw.Close()
+		return nil, errors.New("bmdb: the wrapped connector's connections are not lib/pq's")
+	}
+	cn := &conn{pq: pc, nc: slot.conn, cache: newStmtCache(c.settings.StmtCacheSize)}
 	if cn.nc == nil { // not dialed by our dialer: cannot happen
 		pc.Close()
 		return nil, errors.New("bmdb: connection was not dialed by bmdb's dialer")
 	}
 	if err := c.apply(ctx, pc); err != nil {
 		cn.Close()
-		return nil, ContextError(ctx, abandoned(cn.nc, err))
+		return nil, ContextError(ctx, cut(cn.nc, err))
 	}
 	if c.base != nil {
 		cn.unbase = cn.nc.watch(c.base)
@@ -300,33 +303,33 @@ func (c *netConn) SetWriteDeadline(t time.Time) error {
 	return c.Conn.SetWriteDeadline(t)
 }
 
-// AbandonedError reports a call whose connection the wrapper cut because the
+// CutError reports a call whose connection the wrapper cut because the
 // call's context ended (Cause: its cause, e.g. context.DeadlineExceeded or
 // an error wrapping ErrSessionExpired); Err is what the driver reported.
 // The connection is closed, never reused. errors.Is matches both.
-type AbandonedError struct {
+type CutError struct {
 	Cause error
 	Err   error
 }
 
-func (e *AbandonedError) Error() string {
-	return fmt.Sprintf("bmdb: connection abandoned (%v): %v", e.Cause, e.Err)
+func (e *CutError) Error() string {
+	return fmt.Sprintf("bmdb: connection cut (%v): %v", e.Cause, e.Err)
 }
 
 // Unwrap returns Cause and Err.
-func (e *AbandonedError) Unwrap() []error { return []error{e.Cause, e.Err} }
+func (e *CutError) Unwrap() []error { return []error{e.Cause, e.Err} }
 
-// abandoned wraps err in an *AbandonedError if nc was cut.
-func abandoned(nc *netConn, err error) error {
+// abandoned wraps err in an *CutError if nc was cut.
+func cut(nc *netConn, err error) error {
 	if err == nil || nc == nil {
 		return err
 	}
 	if cause := nc.cutCause(); cause != nil {
-		var already *AbandonedError
+		var already *CutError
 		if errors.As(err, &already) {
 			return err
 		}
-		return &AbandonedError{Cause: cause, Err: err}
+		return &CutError{Cause: cause, Err: err}
 	}
 	return err
 }
@@ -345,21 +348,16 @@ type pqConn interface {
 }
 
 // conn wraps lib/pq's connection: each call is bounded by its context
-// through nc, and faults (cockroach mode) may fail it.
+// through nc.
 type conn struct {
 	pq     pqConn
 	nc     *netConn
-	faults *Faults
 	unbase func() bool // stops the pool's base watch; nil if none
 	cache  *stmtCache  // nil: statements with parameters are not kept prepared
 
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
 	inTx bool
-	// txStart and txReads are the faults' record of the transaction: when
-	// it (or its last restart) began, and the session rows it read.
-	txStart time.Time
-	txReads []string
 }
 
 var (
@@ -378,7 +376,7 @@ var (
 // no cancel request; bmdb's watch bounds the call instead.
 var never = context.Background()
 
-func (c *conn) err(err error) error { return abandoned(c.nc, err) }
+func (c *conn) err(err error) error { return cut(c.nc, err) }
 
 // Prepare implements driver.Conn.
 func (c *conn) Prepare(query string) (driver.Stmt, error) {
@@ -421,18 +419,11 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 		return nil, c.err(err)
 	}
 	c.inTx = true
-	c.faults.begin(c)
 	return &tx{c: c, pq: t, stop: stop}, nil
 }
 
 // ExecContext implements driver.ExecerContext.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	if err := c.faults.statement(ctx, c, query, args); err != nil {
-		return nil, err
-	}
-	if c.faults.splits() && !c.inTx && len(args) == 0 {
-		return c.execSplit(ctx, query)
-	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
 		return c.execCached(ctx, query, args)
 	}
@@ -445,9 +436,6 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext implements driver.QueryerContext. ctx bounds the call and
 // the reading of its rows.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if err := c.faults.statement(ctx, c, query, args); err != nil {
-		return nil, err
-	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
 		return c.queryCached(ctx, query, args)
 	}
@@ -501,9 +489,6 @@ type tx struct {
 // Commit implements driver.Tx.
 func (t *tx) Commit() error {
 	defer t.end()
-	if handled, err := t.c.faults.commit(t.c, t.pq); handled {
-		return err
-	}
 	return t.c.err(t.pq.Commit())
 }
 
@@ -548,9 +533,6 @@ func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
 
 // ExecContext implements driver.StmtExecContext.
 func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
-	if err := s.c.faults.statement(ctx, s.c, s.query, args); err != nil {
-		return nil, err
-	}
 	stop := s.c.nc.watch(ctx)
 	defer stop()
 	res, err := s.pq.(driver.StmtExecContext).ExecContext(never, args)
@@ -559,9 +541,6 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 
 // QueryContext implements driver.StmtQueryContext.
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if err := s.c.faults.statement(ctx, s.c, s.query, args); err != nil {
-		return nil, err
-	}
 	stop := s.c.nc.watch(ctx)
 	r, err := s.pq.(driver.StmtQueryContext).QueryContext(never, args)
 	if err != nil {
@@ -649,7 +628,7 @@ func stripURLError(err error) error {
 
 // OpenPool returns a pool over c that has connected once within ctx. Its
 // errors do not contain dsn's password.
-func OpenPool(ctx context.Context, c *Connector, dsn string) (*sql.DB, error) {
+func OpenPool(ctx context.Context, c driver.Connector, dsn string) (*sql.DB, error) {
 	db := sql.OpenDB(c)
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()

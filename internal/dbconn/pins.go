@@ -33,12 +33,6 @@ var cockroachPins = []pin{
 		"no replicated shared locks either (only read with shared locking on)"},
 }
 
-// emulatedPrefix names, in cockroach mode on PostgreSQL, the placeholder
-// settings (crdb.<name>) that stand for CockroachDB's: PostgreSQL has none
-// of them, but keeps any dotted name set per role or database, so tests
-// can set an operator's default and see it pinned.
-const emulatedPrefix = "crdb."
-
 // Statements of the pins: constant text, names and values as parameters.
 const (
 	readSettingSQL = "SELECT current_setting($1)"
@@ -63,39 +57,32 @@ type pinState struct {
 }
 
 // pin applies cockroachPins to a new connection if the pool asks for them
-// and the server is CockroachDB (or cockroach mode emulates it). The first
-// connection reads each setting before pinning it, learns which the server
-// has, and logs what it pinned; later ones pin them in one round trip.
+// and the server is CockroachDB. The first connection reads each setting
+// before pinning it, learns which the server has, and logs what it pinned;
+// later ones pin them in one round trip.
 func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 	if !c.settings.PinCockroach {
 		return nil
 	}
 	cockroach, err := c.serverIsCockroach(ctx, pc)
-	if err != nil || !cockroach && !c.settings.EmulatedCockroach {
+	if err != nil || !cockroach {
 		return err
-	}
-	prefix := ""
-	if !cockroach {
-		prefix = emulatedPrefix
 	}
 	c.pins.mu.Lock()
 	present := c.pins.present
 	c.pins.mu.Unlock()
 	if present != nil {
-		return pinAll(pc, prefix, present)
+		return pinAll(pc, present)
 	}
 	var report []string
 	changed := false
 	present = []pin{}
 	for _, p := range cockroachPins {
-		name := prefix + p.name
+		name := p.name
 		was, err := querySetting(pc, readSettingSQL, name)
-		if SQLState(err) == codeUndefinedVar {
-			if prefix == "" { // an older CockroachDB: no such setting
-				report = append(report, p.name+" (absent on this version)")
-				continue
-			}
-			was, err = "unset", nil
+		if SQLState(err) == codeUndefinedVar { // an older CockroachDB: no such setting
+			report = append(report, p.name+" (absent on this version)")
+			continue
 		}
 		if err != nil {
 			return fmt.Errorf("bmdb: reading %s: %w", name, err)
@@ -124,17 +111,17 @@ func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 }
 
 // pinAll sets every pin the server has, in one round trip.
-func pinAll(pc pqConn, prefix string, pins []pin) error {
+func pinAll(pc pqConn, pins []pin) error {
 	if len(pins) == 2 {
-		_, err := querySetting(pc, pinTwoSettingsSQL, prefix+pins[0].name, pins[0].value, prefix+pins[1].name, pins[1].value)
+		_, err := querySetting(pc, pinTwoSettingsSQL, pins[0].name, pins[0].value, pins[1].name, pins[1].value)
 		if err != nil {
 			return fmt.Errorf("bmdb: pinning CockroachDB settings: %w", err)
 		}
 		return nil
 	}
 	for _, p := range pins {
-		if _, err := querySetting(pc, pinSettingSQL, prefix+p.name, p.value); err != nil {
-			return fmt.Errorf("bmdb: pinning %s%s = %s: %w", prefix, p.name, p.value, err)
+		if _, err := querySetting(pc, pinSettingSQL, p.name, p.value); err != nil {
+			return fmt.Errorf("bmdb: pinning %s = %s: %w", p.name, p.value, err)
 		}
 	}
 	return nil

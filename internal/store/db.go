@@ -27,9 +27,6 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.appSchemaCompatOldestStmt, err = db.PrepareContext(ctx, appSchemaCompatOldest); err != nil {
 		return nil, fmt.Errorf("error preparing query AppSchemaCompatOldest: %w", err)
 	}
-	if q.claimGateOnStmt, err = db.PrepareContext(ctx, claimGateOn); err != nil {
-		return nil, fmt.Errorf("error preparing query ClaimGateOn: %w", err)
-	}
 	if q.machineCreateManyStmt, err = db.PrepareContext(ctx, machineCreateMany); err != nil {
 		return nil, fmt.Errorf("error preparing query MachineCreateMany: %w", err)
 	}
@@ -84,6 +81,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workEndSessionStmt, err = db.PrepareContext(ctx, workEndSession); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkEndSession: %w", err)
 	}
+	if q.workFencingEnsureStmt, err = db.PrepareContext(ctx, workFencingEnsure); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkFencingEnsure: %w", err)
+	}
 	if q.workFinishManyStmt, err = db.PrepareContext(ctx, workFinishMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkFinishMany: %w", err)
 	}
@@ -104,11 +104,6 @@ func (q *Queries) Close() error {
 	if q.appSchemaCompatOldestStmt != nil {
 		if cerr := q.appSchemaCompatOldestStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing appSchemaCompatOldestStmt: %w", cerr)
-		}
-	}
-	if q.claimGateOnStmt != nil {
-		if cerr := q.claimGateOnStmt.Close(); cerr != nil {
-			err = fmt.Errorf("error closing claimGateOnStmt: %w", cerr)
 		}
 	}
 	if q.machineCreateManyStmt != nil {
@@ -201,6 +196,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workEndSessionStmt: %w", cerr)
 		}
 	}
+	if q.workFencingEnsureStmt != nil {
+		if cerr := q.workFencingEnsureStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workFencingEnsureStmt: %w", cerr)
+		}
+	}
 	if q.workFinishManyStmt != nil {
 		if cerr := q.workFinishManyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workFinishManyStmt: %w", cerr)
@@ -261,7 +261,6 @@ type Queries struct {
 	db                           DBTX
 	tx                           *sql.Tx
 	appSchemaCompatOldestStmt    *sql.Stmt
-	claimGateOnStmt              *sql.Stmt
 	machineCreateManyStmt        *sql.Stmt
 	schemaCompatOldestStmt       *sql.Stmt
 	sessionCheckStmt             *sql.Stmt
@@ -280,6 +279,7 @@ type Queries struct {
 	workClaimStatesStmt          *sql.Stmt
 	workEndManyStmt              *sql.Stmt
 	workEndSessionStmt           *sql.Stmt
+	workFencingEnsureStmt        *sql.Stmt
 	workFinishManyStmt           *sql.Stmt
 	workGetStmt                  *sql.Stmt
 	workHistoryInsertStmt        *sql.Stmt
@@ -291,7 +291,6 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		db:                           tx,
 		tx:                           tx,
 		appSchemaCompatOldestStmt:    q.appSchemaCompatOldestStmt,
-		claimGateOnStmt:              q.claimGateOnStmt,
 		machineCreateManyStmt:        q.machineCreateManyStmt,
 		schemaCompatOldestStmt:       q.schemaCompatOldestStmt,
 		sessionCheckStmt:             q.sessionCheckStmt,
@@ -310,6 +309,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workClaimStatesStmt:          q.workClaimStatesStmt,
 		workEndManyStmt:              q.workEndManyStmt,
 		workEndSessionStmt:           q.workEndSessionStmt,
+		workFencingEnsureStmt:        q.workFencingEnsureStmt,
 		workFinishManyStmt:           q.workFinishManyStmt,
 		workGetStmt:                  q.workGetStmt,
 		workHistoryInsertStmt:        q.workHistoryInsertStmt,

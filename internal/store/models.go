@@ -5,7 +5,6 @@
 package store
 
 import (
-	"database/sql"
 	"database/sql/driver"
 	"fmt"
 	"time"
@@ -59,115 +58,10 @@ func (ns NullWorkHistoryEvent) Value() (driver.Value, error) {
 	return string(ns.WorkHistoryEvent), nil
 }
 
-type ActiveBackoff struct {
-	MachineID       uuid.UUID
-	Process         string
-	Cause           string
-	Until           time.Time
-	IntervalSeconds float64
-	SecondsLeft     float64
-}
-
-type BmdbAppSchemaCompat struct {
-	Application      string
-	Version          int64
-	OldestCompatible int64
-}
-
-type BmdbSchemaCompat struct {
-	Version          int64
-	OldestCompatible int64
-}
-
-type ClaimGate struct {
-	Gate  bool
-	Until time.Time
-}
-
-type CurrentWork struct {
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	ComponentName string
-	StartedAt     time.Time
-	AgeSeconds    float64
-	Alive         bool
-}
-
-type LiveSession struct {
-	SessionID       uuid.UUID
-	ComponentName   string
-	RuntimeInfo     string
-	CreatedAt       time.Time
-	Deadline        time.Time
-	IntervalSeconds float64
-	SecondsLeft     float64
-}
-
-type Machine struct {
-	MachineID        uuid.UUID
-	MachineCreatedAt time.Time
-}
-
-type MachineOverview struct {
-	MachineID        uuid.UUID
-	MachineCreatedAt time.Time
-	LiveClaims       int64
-	ExpiredClaims    int64
-	ActiveBackoffs   int64
-}
-
-type ReadableHistory struct {
-	ID            int64
-	MachineID     uuid.UUID
-	Process       string
-	Event         string
-	SessionID     uuid.UUID
-	ComponentName string
-	At            time.Time
-	Cause         string
-}
-
-type Session struct {
-	SessionID       uuid.UUID
-	ComponentName   string
-	RuntimeInfo     string
-	CreatedAt       time.Time
-	IntervalSeconds float64
-	Deadline        time.Time
-}
-
 type Work struct {
 	MachineID uuid.UUID
 	Process   string
 	SessionID uuid.UUID
 	StartedAt time.Time
 	ClaimID   uuid.UUID
-}
-
-type WorkBackoff struct {
-	MachineID       uuid.UUID
-	Process         string
-	Until           time.Time
-	Cause           string
-	IntervalSeconds float64
-}
-
-type WorkFencing struct {
-	MachineID uuid.UUID
-	Process   string
-	Token     int64
-}
-
-type WorkHistory struct {
-	ID            int64
-	MachineID     uuid.UUID
-	Process       string
-	SessionID     uuid.UUID
-	Event         WorkHistoryEvent
-	At            time.Time
-	FailedCause   sql.NullString
-	ComponentName sql.NullString
-	ClaimID       uuid.NullUUID
-	FencingToken  sql.NullInt64
 }

@@ -28,7 +28,7 @@ type AppSchemaCompatOldestRow struct {
 }
 
 // AppSchemaCompatOldest is SchemaCompatOldest for an application's own
-// migrations (bmdb.Application), declared in bmdb_app_schema_compat.
+// migrations (migrations.Application), declared in bmdb_app_schema_compat.
 func (q *Queries) AppSchemaCompatOldest(ctx context.Context, arg AppSchemaCompatOldestParams) (AppSchemaCompatOldestRow, error) {
 	row := q.queryRow(ctx, q.appSchemaCompatOldestStmt, appSchemaCompatOldest, arg.Application, arg.KnownVersion, arg.DatabaseVersion)
 	var i AppSchemaCompatOldestRow

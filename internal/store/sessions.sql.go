@@ -14,20 +14,10 @@ import (
 )
 
 const sessionCheck = `-- name: SessionCheck :one
-SELECT s.session_id,
-    COALESCE((
-        SELECT EXTRACT(EPOCH FROM (g.until - statement_timestamp())) FROM claim_gate g
-        WHERE g.until > statement_timestamp()
-    ), 0)::FLOAT8 AS gate_seconds
-FROM sessions s
-WHERE s.session_id = $1 AND s.deadline > statement_timestamp()
-FOR KEY SHARE OF s
+SELECT session_id FROM sessions
+WHERE session_id = $1 AND deadline > statement_timestamp()
+FOR KEY SHARE
 `
-
-type SessionCheckRow struct {
-	SessionID   uuid.UUID
-	GateSeconds float64
-}
 
 // SessionCheck returns the session's id if it is alive on the database clock
 // (at this statement, not at the start of the transaction), and no row
@@ -42,15 +32,11 @@ type SessionCheckRow struct {
 // takeover) or, pushed above it, fails its read refresh (40001) and its
 // retry finds no session. Either way no transaction of a superseded session
 // commits after the takeover.
-//
-// It also returns for how many seconds more the claim gate is on (0: off;
-// migration 000013), which every connection thus learns at its next
-// transaction.
-func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (SessionCheckRow, error) {
+func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
-	var i SessionCheckRow
-	err := row.Scan(&i.SessionID, &i.GateSeconds)
-	return i, err
+	var session_id uuid.UUID
+	err := row.Scan(&session_id)
+	return session_id, err
 }
 
 const sessionCheckBeforeCommit = `-- name: SessionCheckBeforeCommit :one

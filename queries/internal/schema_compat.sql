@@ -9,7 +9,7 @@ WHERE version > sqlc.arg(known_version)::INT8 AND version <= sqlc.arg(database_v
 
 -- name: AppSchemaCompatOldest :one
 -- AppSchemaCompatOldest is SchemaCompatOldest for an application's own
--- migrations (bmdb.Application), declared in bmdb_app_schema_compat.
+-- migrations (migrations.Application), declared in bmdb_app_schema_compat.
 SELECT COALESCE(max(oldest_compatible), 0)::INT8 AS oldest_compatible, count(*)::INT8 AS declared
 FROM bmdb_app_schema_compat
 WHERE application = sqlc.arg(application)::TEXT

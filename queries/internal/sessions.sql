@@ -39,18 +39,9 @@ WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp();
 -- takeover) or, pushed above it, fails its read refresh (40001) and its
 -- retry finds no session. Either way no transaction of a superseded session
 -- commits after the takeover.
---
--- It also returns for how many seconds more the claim gate is on (0: off;
--- migration 000013), which every connection thus learns at its next
--- transaction.
-SELECT s.session_id,
-    COALESCE((
-        SELECT EXTRACT(EPOCH FROM (g.until - statement_timestamp())) FROM claim_gate g
-        WHERE g.until > statement_timestamp()
-    ), 0)::FLOAT8 AS gate_seconds
-FROM sessions s
-WHERE s.session_id = sqlc.arg(session_id) AND s.deadline > statement_timestamp()
-FOR KEY SHARE OF s;
+SELECT session_id FROM sessions
+WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp()
+FOR KEY SHARE;
 
 -- name: SessionCheckBeforeCommit :one
 -- SessionCheckBeforeCommit is the last statement of every session

@@ -1,7 +1,8 @@
 -- name: WorkClaimStates :many
 -- WorkClaimStates tells, for each of machine_ids, in their order, why it could
 -- not be claimed for process: whether it is a machine at all, whether it
--- is in backoff, and which session
+-- is in backoff, whether its work_fencing row exists (a pair without one
+-- cannot be claimed until WorkFencingEnsure made it), and which session
 -- holds its claim (NULL: none) and whether that session is alive. A claim
 -- being made by a transaction not yet committed is not seen: such a
 -- machine has no holder here.
@@ -12,6 +13,10 @@ SELECT
         WHERE b.machine_id = c.machine_id AND b.process = sqlc.arg(process)::TEXT
           AND b.until > now()
     ) AS in_backoff,
+    EXISTS (
+        SELECT 1 FROM work_fencing f
+        WHERE f.machine_id = c.machine_id AND f.process = sqlc.arg(process)::TEXT
+    ) AS fenced,
     w.session_id AS holder,
     COALESCE(s.deadline > statement_timestamp(), FALSE)::BOOLEAN AS holder_live
 FROM unnest(sqlc.arg(machine_ids)::UUID[]) WITH ORDINALITY AS c (machine_id, ord)
@@ -22,11 +27,16 @@ ORDER BY c.ord;
 -- name: WorkEndSession :many
 -- WorkEndSession removes every claim of a session, recording the given event
 -- (Canceled when the session closes cleanly, Abandoned when it had expired),
--- and returns the process of each. The rows are dated by this statement's
+-- writes each pair's work_fencing row (an end, see WorkClaimMany), and
+-- returns the process of each. The rows are dated by this statement's
 -- clock, like the check that found the session expired (or alive).
 WITH ended AS (
     DELETE FROM work WHERE work.session_id = sqlc.arg(session_id)
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), fenced AS (
+    UPDATE work_fencing f SET version = f.version + 1
+    FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
+    RETURNING f.machine_id
 )
 INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT ended.machine_id, ended.process, ended.session_id, sqlc.arg(event)::work_history_event,
@@ -36,8 +46,9 @@ RETURNING work_history.process;
 
 -- name: WorkAbandonOfSessions :many
 -- WorkAbandonOfSessions removes every claim of the given (expired, locked)
--- sessions, recording Abandoned history with each claim's id, and returns
--- the process of each. GC and takeovers run it between SessionLock... and
+-- sessions, recording Abandoned history with each claim's id, writes each
+-- pair's work_fencing row (an end, see WorkClaimMany), and returns the
+-- process of each. GC and takeovers run it between SessionLock... and
 -- SessionDeleteMany, in one transaction. The rows' time is this
 -- statement's, not the transaction's start: the locks judged the sessions
 -- expired by their statements' clock, so an Abandoned row is never dated
@@ -46,6 +57,10 @@ WITH gone AS (
     DELETE FROM work
     WHERE work.session_id = ANY (sqlc.arg(session_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), fenced AS (
+    UPDATE work_fencing f SET version = f.version + 1
+    FROM gone WHERE f.machine_id = gone.machine_id AND f.process = gone.process
+    RETURNING f.machine_id
 )
 INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
 SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned', statement_timestamp(),
@@ -58,32 +73,71 @@ RETURNING work_history.process;
 SELECT * FROM work
 WHERE machine_id = sqlc.arg(machine_id) AND process = sqlc.arg(process);
 
+-- name: WorkFencingEnsure :many
+-- WorkFencingEnsure creates the work_fencing row (token 0: no claim yet) of
+-- each (machine, process) of machine_ids that is a machine and has none,
+-- and returns the machines it created rows for. It runs on its own, never
+-- inside a claim transaction: a row one transaction inserts is invisible
+-- to the others until it commits, and a second insert of the same key
+-- would wait for it, so claims only ever lock rows that exist
+-- (WorkClaimMany). It reads a row before inserting one, so on PostgreSQL
+-- it never waits for a claim or end holding the row; it waits only for a
+-- concurrent WorkFencingEnsure of the same pair, one statement.
+INSERT INTO work_fencing (machine_id, process, token, version)
+SELECT m.machine_id, sqlc.arg(process)::TEXT, 0, 0
+FROM machines m
+WHERE m.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+  AND NOT EXISTS (
+      SELECT 1 FROM work_fencing f
+      WHERE f.machine_id = m.machine_id AND f.process = sqlc.arg(process)::TEXT
+  )
+ORDER BY m.machine_id
+ON CONFLICT (machine_id, process) DO NOTHING
+RETURNING machine_id;
+
 -- name: WorkClaimMany :many
 -- WorkClaimMany claims, in one statement, each of machine_ids that is
 -- neither claimed for process nor in backoff for it, records Started for
--- each with its fencing token (work_fencing, one more than the previous
--- claim's), and returns the claimed machines with their claim ids and
--- tokens. Like every claim and end statement, it dates its rows by
--- statement_timestamp(), not by the transaction's start: sorted by time, a
--- machine's history is the order of its events.
+-- each with its fencing token (one more than the previous claim's), and
+-- returns the claimed machines with their claim ids and tokens. Like every
+-- claim and end statement, it dates its rows by statement_timestamp(), not
+-- by the transaction's start: sorted by time, a machine's history is the
+-- order of its events.
 --
--- It first locks the machines' rows, in id order, FOR NO KEY UPDATE SKIP
--- LOCKED, and claims only those it locked; the lock is held until the
--- transaction ends. So two transactions never claim the same machine at
--- once: the second skips it rather than wait for the first's uncommitted
--- claim (and then fail on it, or deadlock on another's). The lock does not
--- conflict with the KEY SHARE locks that foreign keys to machines take
--- (an application's tag rows, another claim's history row). Every claim
--- goes through this statement, so only a transaction claiming the machine
--- skips it. An id that is not a machine is not claimed either (Work then
--- finds out why with WorkClaimStates). A claim committed after this transaction's snapshot, which
--- the snapshot cannot see, fails it with 40001 (retried, with a snapshot
--- that sees it).
-WITH locked AS (
-    SELECT m.machine_id FROM machines m
-    WHERE m.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
-    ORDER BY m.machine_id
-    FOR NO KEY UPDATE SKIP LOCKED
+-- It claims through each pair's work_fencing row, which every claim and
+-- every end of the pair writes (this statement, WorkFinishMany,
+-- WorkEndMany, WorkEndSession, WorkAbandonOfSessions), and nothing else
+-- reads or locks:
+--   - It locks the rows, in key order, FOR UPDATE SKIP LOCKED, and claims
+--     only those it locked, so two transactions never claim the same pair
+--     at once, and a claim never waits for another's claim or end of the
+--     same pair: it skips the pair. A pair without a row (never claimed,
+--     WorkFencingEnsure has not run for it) is not claimed either.
+--   - It writes the rows it claims (token and version). Under snapshot
+--     isolation (PostgreSQL's REPEATABLE READ) locking a row that a
+--     transaction committed after this one's snapshot wrote fails with
+--     40001: first committer wins, so a claim commits only if no claim or
+--     end of the pair committed after its snapshot. Under SERIALIZABLE the
+--     same holds.
+-- The machine's own row is not touched: retrievals and foreign keys read
+-- it, and on CockroachDB an exclusive lock blocks plain reads.
+--
+-- It is also the claiming transaction's session check (see SessionCheck,
+-- which it replaces there): live reads and locks the session's row, and
+-- nothing is claimed unless the session is alive at this statement. The
+-- statement returns one row with alive and no claim if it claimed nothing.
+-- Being the check, it comes right after the retrievals, whose snapshot is
+-- then as fresh as can be when the candidates are locked.
+WITH live AS (
+    SELECT s.session_id FROM sessions s
+    WHERE s.session_id = sqlc.arg(session_id)::UUID AND s.deadline > statement_timestamp()
+    FOR KEY SHARE
+), locked AS (
+    SELECT f.machine_id FROM work_fencing f
+    WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+      AND EXISTS (SELECT 1 FROM live)
+    ORDER BY f.machine_id
+    FOR UPDATE SKIP LOCKED
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
     SELECT locked.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
@@ -96,31 +150,38 @@ WITH locked AS (
     ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
-    INSERT INTO work_fencing (machine_id, process, token)
-    SELECT claim.machine_id, claim.process, 1 FROM claim
-    ON CONFLICT (machine_id, process) DO UPDATE SET token = work_fencing.token + 1
-    RETURNING work_fencing.machine_id, work_fencing.token
+    UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1
+    FROM claim WHERE f.machine_id = claim.machine_id AND f.process = claim.process
+    RETURNING f.machine_id, f.token
+), started AS (
+    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
+    SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
+           sqlc.arg(component_name)::TEXT, claim.claim_id, fence.token
+    FROM claim JOIN fence ON fence.machine_id = claim.machine_id
+    RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
-SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-       sqlc.arg(component_name)::TEXT, claim.claim_id, fence.token
-FROM claim JOIN fence ON fence.machine_id = claim.machine_id
-RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token;
+SELECT EXISTS (SELECT 1 FROM live) AS alive, started.machine_id, started.claim_id, started.fencing_token
+FROM (SELECT 1) AS one LEFT JOIN started ON TRUE;
 
 -- name: WorkFinishMany :many
 -- WorkFinishMany ends, as Finished, the claims claim_ids of process on
--- machine_ids that the session still holds, clears their backoffs, and
--- returns their claim ids: those missing were no longer held (the fence of
--- a batch's Finishes). Like every claim and end statement, it dates its
--- rows by statement_timestamp(), not by the transaction's start: sorted by
--- time, a machine's history is the order of its events (a takeover's
--- Abandoned before the new claim's Started).
+-- machine_ids that the session still holds, writes their work_fencing rows
+-- (see WorkClaimMany), clears their backoffs, and returns their claim ids:
+-- those missing were no longer held (the fence of a batch's Finishes). Like
+-- every claim and end statement, it dates its rows by
+-- statement_timestamp(), not by the transaction's start: sorted by time, a
+-- machine's history is the order of its events (a takeover's Abandoned
+-- before the new claim's Started).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
       AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
       AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), fenced AS (
+    UPDATE work_fencing f SET version = f.version + 1
+    FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
+    RETURNING f.machine_id
 ), cleared AS (
     DELETE FROM work_backoff
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
@@ -136,14 +197,19 @@ RETURNING work_history.claim_id;
 -- name: WorkEndMany :many
 -- WorkEndMany ends, with the given event (Canceled or Failed) and causes
 -- (aligned with claim_ids; '' for none), the claims claim_ids of process
--- on machine_ids that the session still holds, and returns their claim
--- ids: those missing were no longer held (the fence of a batch's ends).
+-- on machine_ids that the session still holds, writes their work_fencing
+-- rows (see WorkClaimMany), and returns their claim ids: those missing
+-- were no longer held (the fence of a batch's ends).
 WITH ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
       AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
       AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
+), fenced AS (
+    UPDATE work_fencing f SET version = f.version + 1
+    FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
+    RETURNING f.machine_id
 ), causes AS (
     SELECT (sqlc.arg(claim_ids)::UUID[])[i] AS claim_id, (sqlc.arg(causes)::TEXT[])[i] AS cause
     FROM generate_series(1, array_length(sqlc.arg(claim_ids)::UUID[], 1)) AS i

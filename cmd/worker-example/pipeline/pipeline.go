@@ -21,6 +21,7 @@ import (
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
+	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/worker"
 )
 
@@ -28,8 +29,8 @@ import (
 const Name = "pipeline"
 
 // Application returns the pipeline's schema, for bmdb.Config.Application.
-func Application() *bmdb.Application {
-	app, err := bmdb.NewApplication(Name, migrationFiles, "migrations")
+func Application() *migrations.Application {
+	app, err := migrations.NewApplication(Name, migrationFiles, "migrations")
 	if err != nil {
 		panic(err) // the embedded directory is there: a build error otherwise
 	}

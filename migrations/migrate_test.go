@@ -1,4 +1,4 @@
-package migrate
+package migrations
 
 import (
 	"context"
@@ -6,27 +6,9 @@ import (
 	"strings"
 	"testing"
 	"testing/fstest"
-	"time"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
-
-// cockroach is the target dsn in cockroach mode, failing the next
-// multi-statement migration file after failAfter statements (0: never).
-func cockroach(dsn string, failAfter int) Target {
-	return Target{DSN: dsn, NetworkTimeout: 5 * time.Second, Mode: crdbmode.Settings{Enabled: true, MigrationFailAfter: failAfter}}
-}
-
-// exists reports whether a relation named name exists.
-func exists(t *testing.T, dsn, name string) bool {
-	t.Helper()
-	var ok bool
-	if err := openRaw(t, dsn).QueryRow("SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
-		t.Fatal(err)
-	}
-	return ok
-}
 
 // On CockroachDB a migration file is applied one statement at a time and
 // can stop between two, leaving part of it applied and its version dirty
@@ -39,35 +21,29 @@ func TestCockroachHalfAppliedMigrationRecovers(t *testing.T) {
 	testdb.SkipOnCockroach(t, "emulates a failure between two statements")
 	dsn := testdb.NewEmpty(t)
 	ctx := context.Background()
-	src, err := BmdbSource()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := To(ctx, cockroach(dsn, 0), src, 11); err != nil {
-		t.Fatal(err)
-	}
+	migrateTo(t, migrator(t, dsn, nil, cockroach(0)), 11)
 	// 000012: DROP VIEW IF EXISTS, CREATE OR REPLACE VIEW, INSERT: stop
 	// before the INSERT.
-	err = Up(ctx, cockroach(dsn, 2), "half")
+	err := migrator(t, dsn, nil, cockroach(2)).Up(ctx)
 	if err == nil || !strings.Contains(err.Error(), "injected") {
 		t.Fatalf("Up with a failure between statements = %v", err)
 	}
-	db := openRaw(t, dsn)
-	v, err := ReadVersion(ctx, db, src)
-	if err != nil || v != (Version{Version: 12, Dirty: true}) {
-		t.Fatalf("version after the failure = %+v, %v; want 12, dirty", v, err)
+	next := migrator(t, dsn, nil, cockroach(0))
+	if v := version(t, next, SchemaBmdb); v.Database != 12 || !v.Dirty {
+		t.Fatalf("version after the failure = %+v; want 12, dirty", v)
 	}
+	db := openRaw(t, dsn)
 	var compat int
 	db.QueryRow("SELECT count(*) FROM bmdb_schema_compat WHERE version = 12").Scan(&compat)
 	if !exists(t, dsn, "machine_overview") || compat != 0 {
 		t.Fatalf("the file did not half-apply: view %v, compat rows %d", exists(t, dsn, "machine_overview"), compat)
 	}
 
-	if err := Up(ctx, cockroach(dsn, 0), "next"); err != nil {
+	if err := next.Up(ctx); err != nil {
 		t.Fatalf("Up after the half-applied migration: %v", err)
 	}
-	if v, err := ReadVersion(ctx, db, src); err != nil || v.Dirty || v.Version < 12 {
-		t.Fatalf("version after recovery = %+v, %v; want 12 or later, clean", v, err)
+	if v := version(t, next, SchemaBmdb); v.Dirty || v.Database < 12 {
+		t.Fatalf("version after recovery = %+v; want 12 or later, clean", v)
 	}
 	db.QueryRow("SELECT count(*) FROM bmdb_schema_compat WHERE version = 12").Scan(&compat)
 	if compat != 1 {
@@ -76,7 +52,8 @@ func TestCockroachHalfAppliedMigrationRecovers(t *testing.T) {
 }
 
 // A dirty version whose file is not marked safe to run again is refused,
-// with a message saying what to repair; marked, the same file is run again.
+// with a message naming the version table and what the file created; marked,
+// the same file is run again.
 func TestCockroachDirtyApplicationMigration(t *testing.T) {
 	t.Parallel()
 	testdb.SkipOnCockroach(t, "emulates a failure between two statements")
@@ -87,30 +64,29 @@ func TestCockroachDirtyApplicationMigration(t *testing.T) {
 		if marked {
 			body = "-- bmdb:rerunnable\n" + body
 		}
-		files := fstest.MapFS{
+		app := &Application{Name: "racks", Migrations: fstest.MapFS{
 			"000001_racks.up.sql":   {Data: []byte(body)},
 			"000001_racks.down.sql": {Data: []byte("DROP TABLE rack_slots; DROP TABLE racks;")},
-		}
-		srcs, err := Sources("racks", files)
-		if err != nil {
-			t.Fatal(err)
-		}
-		db := openRaw(t, dsn)
-		if err := OnOpen(ctx, db, cockroach(dsn, 1), "half", true, srcs); err == nil {
-			t.Fatalf("marked %v: OnOpen with a failure between statements succeeded", marked)
+		}}
+		if err := migrator(t, dsn, app, cockroach(1)).Up(ctx); err == nil {
+			t.Fatalf("marked %v: Up with a failure between statements succeeded", marked)
 		}
 		if !exists(t, dsn, "racks") || exists(t, dsn, "rack_slots") {
 			t.Fatalf("marked %v: the file did not half-apply", marked)
 		}
-		err = OnOpen(ctx, db, cockroach(dsn, 0), "next", true, srcs)
+		err := migrator(t, dsn, app, cockroach(0)).Up(ctx)
 		var verr *SchemaVersionError
 		switch {
 		case marked && err != nil:
-			t.Errorf("marked: OnOpen after the failure = %v, want the file run again", err)
+			t.Errorf("marked: Up after the failure = %v, want the file run again", err)
 		case marked && !exists(t, dsn, "rack_slots"):
 			t.Errorf("marked: rack_slots missing after recovery")
 		case !marked && (!errors.As(err, &verr) || !errors.Is(err, ErrSchemaDirty) || !strings.Contains(err.Error(), rerunnableMarker)):
-			t.Errorf("unmarked: OnOpen after the failure = %v, want ErrSchemaDirty naming the marker", err)
+			t.Errorf("unmarked: Up after the failure = %v, want ErrSchemaDirty naming the marker", err)
+		case !marked && (verr.Table != "racks_schema_migrations" || !strings.Contains(err.Error(), "racks_schema_migrations")):
+			t.Errorf("unmarked: the error does not name the version table: %v", err)
+		case !marked && !strings.Contains(err.Error(), "these exist: table racks; these do not: table rack_slots"):
+			t.Errorf("unmarked: the error does not say what exists: %v", err)
 		}
 		t.Logf("marked %v: %v", marked, err)
 	}

@@ -1,31 +1,25 @@
-// Package crdbmode is the test switch that makes bmdb take its CockroachDB
-// code paths on a PostgreSQL server, and inject the errors CockroachDB
-// produces, so that those paths run on every CI run although no CockroachDB
-// server can be installed there.
+// Package crdbmode is cockroach mode: an Emulator (emulator.go) that stands
+// in for CockroachDB in front of a PostgreSQL server, installed by tests
+// through bmdb.Config.WrapConnector, so that bmdb's CockroachDB code paths
+// run on every CI run although no CockroachDB server can be installed
+// there. Nothing in bmdb knows of it: bmdb detects CockroachDB from what
+// the server says, and meets what CockroachDB does.
 //
-// In this mode a Connection opened on PostgreSQL behaves as on CockroachDB:
-// transactions retry through crdb.ExecuteInTx (savepoint restarts), Open
-// migrates with golang-migrate's cockroachdb driver, sessions keep the clock
-// margin, and claim transactions are not serialised per connection. The
-// injector then fails statements inside transactions with 40001, RELEASE
-// SAVEPOINT with 40001, and (when enabled) the commit point with 40003 or a
-// lost connection, committed or not.
-//
-// It also emulates two of CockroachDB's behaviours PostgreSQL lacks: a
-// transaction older than the closed timestamp whose session row a
-// heartbeat rewrote since it began fails its read refresh (40001 at
-// RELEASE), and migrations run one statement at a time (as CockroachDB
-// 25.x applies a multi-statement file with autocommit_before_ddl), failing
-// between two statements when a test asks for it; and a session check,
-// a plain read there, waits for a transaction writing the session row (a
-// heartbeat, a takeover) and times out at lock_timeout.
+// With it, a Connection opened on PostgreSQL behaves as on CockroachDB:
+// transactions retry through crdb.ExecuteInTx (savepoint restarts, each
+// with a new snapshot), Open migrates with golang-migrate's cockroachdb
+// driver, sessions keep the clock margin, and the errors CockroachDB
+// produces are injected: 40001 on statements of a transaction and at
+// RELEASE SAVEPOINT, an ambiguous commit point (40003 or a lost
+// connection, committed or not), a failed read refresh of a transaction
+// older than the closed timestamp, session checks that wait for a writer
+// of their row, and migration files applied one statement at a time.
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
 //
-// Only code in this module can set it: tests call FromEnv in TestMain, and
-// worker processes of the chaos harness are started with the same
-// environment.
+// Test binaries turn it on with EnvVar (FromEnv), and the chaos harness
+// passes that environment to its worker processes.
 package crdbmode
 
 import (
@@ -54,7 +48,8 @@ const ClosedTimestampDefault = 3 * time.Second
 
 // Settings are the mode's switches.
 type Settings struct {
-	// Enabled makes new Connections on PostgreSQL take CockroachDB's paths.
+	// Enabled turns the mode on (FromEnv); an Emulator emulates whatever
+	// this says.
 	Enabled bool
 	// RetryRate is the chance that a statement inside a transaction, or
 	// its RELEASE SAVEPOINT, fails with 40001 instead of running.
@@ -87,24 +82,11 @@ func (s Settings) ClosedTimestampTarget() time.Duration {
 	return s.ClosedTimestamp
 }
 
-var current atomic.Pointer[Settings]
-
-// Set switches the mode for Connections opened from now on.
-func Set(s Settings) { current.Store(&s) }
-
-// Get returns the current settings (the zero Settings when unset).
-func Get() Settings {
-	if s := current.Load(); s != nil {
-		return *s
-	}
-	return Settings{}
-}
-
-// FromEnv sets the mode from EnvVar, if it is set, and returns the result.
+// FromEnv returns the mode EnvVar asks for: off if it is unset.
 func FromEnv() (Settings, error) {
 	v := strings.TrimSpace(os.Getenv(EnvVar))
 	if v == "" || v == "0" {
-		return Get(), nil
+		return Settings{}, nil
 	}
 	s := Settings{Enabled: true, RetryRate: RetryRateDefault, AmbiguousRate: AmbiguousRateDefault}
 	if v != "1" {
@@ -131,7 +113,6 @@ func FromEnv() (Settings, error) {
 			}
 		}
 	}
-	Set(s)
 	return s, nil
 }
 
@@ -143,19 +124,30 @@ func rate(v string) (float64, error) {
 	return f, nil
 }
 
-// Counts of injected errors, across the process, for reports.
-var (
-	InjectedRetryable atomic.Int64 // 40001 on a statement or at RELEASE
-	InjectedAmbiguous atomic.Int64 // 40003 at the commit point
-	InjectedConnLoss  atomic.Int64 // connection lost at the commit point
-	InjectedRefresh   atomic.Int64 // 40001 at RELEASE: read refresh failed
+// Kind is a kind of injected error.
+type Kind int
 
-	InjectedMigrationFailures atomic.Int64 // a migration file stopped half-way
-	InjectedReadWaits         atomic.Int64 // a session check timed out waiting for a writer
+// Kinds of injected errors.
+const (
+	Retryable         Kind = iota // 40001 on a statement or at RELEASE
+	Ambiguous                     // 40003 at the commit point
+	ConnLoss                      // connection lost at the commit point
+	Refresh                       // 40001 at RELEASE: read refresh failed
+	MigrationFailures             // a migration file stopped half-way
+	ReadWaits                     // a session check timed out waiting for a writer
+	kinds
 )
 
+// Counts are the errors Emulators injected, by Kind, for reports; one
+// Counts may serve every Emulator of a test binary. Safe for concurrent
+// use.
+type Counts struct{ n [kinds]atomic.Int64 }
+
+// Of returns how many errors of kind were injected.
+func (c *Counts) Of(kind Kind) int64 { return c.n[kind].Load() }
+
 // Report returns the counts as one line.
-func Report() string {
+func (c *Counts) Report() string {
 	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer",
-		InjectedRetryable.Load(), InjectedAmbiguous.Load(), InjectedConnLoss.Load(), InjectedRefresh.Load(), InjectedReadWaits.Load())
+		c.Of(Retryable), c.Of(Ambiguous), c.Of(ConnLoss), c.Of(Refresh), c.Of(ReadWaits))
 }

@@ -1,10 +1,10 @@
-package migrate
+package migrations
 
 import (
 	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // work_history.id is spread on CockroachDB (unordered_unique_rowid(), not

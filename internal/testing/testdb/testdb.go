@@ -7,6 +7,7 @@ package testdb
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"net/url"
 	"os"
@@ -19,7 +20,7 @@ import (
 	"github.com/lib/pq"
 	"go.uber.org/goleak"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 )
 
 // EnvDSN names the environment variable holding the DSN of the server tests
@@ -28,6 +29,8 @@ import (
 const EnvDSN = "BMDB_TEST_DSN"
 
 var (
+	mode      crdbmode.Settings // the binary's cockroach mode (EnvVar)
+	counts    crdbmode.Counts   // what its emulators injected
 	setup     func(ctx context.Context, dsn string) error
 	admin     *sql.DB
 	serverDSN string
@@ -43,18 +46,18 @@ var (
 // drops the template and fails the run if goroutines leaked.
 //
 // If crdbmode.EnvVar is set, the package's tests run in cockroach mode
-// (see package crdbmode), and the counts of injected errors are printed
-// after them.
+// (Emulator; see package crdbmode), and the counts of injected errors are
+// printed after them.
 func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
 	setup = migrate
-	mode, err := crdbmode.FromEnv()
-	if err != nil {
+	var err error
+	if mode, err = crdbmode.FromEnv(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
 	}
 	code := m.Run()
 	if mode.Enabled {
-		fmt.Fprintln(os.Stderr, "testdb:", crdbmode.Report())
+		fmt.Fprintln(os.Stderr, "testdb:", counts.Report())
 	}
 	cleanUp()
 	if code == 0 {
@@ -87,7 +90,30 @@ func SkipOnCockroach(t testing.TB, why string) {
 
 // CockroachMode reports whether the tests run in cockroach mode on
 // PostgreSQL (package crdbmode).
-func CockroachMode() bool { return crdbmode.Get().Enabled }
+func CockroachMode() bool { return mode.Enabled }
+
+// Emulator returns a new cockroach-mode emulator for one Connection (its
+// Wrap is the Connection's Config.WrapConnector), or nil if the tests do
+// not run in cockroach mode.
+func Emulator() *crdbmode.Emulator {
+	if !mode.Enabled {
+		return nil
+	}
+	return crdbmode.New(mode, &counts)
+}
+
+// WrapConnector is a Connection's bmdb.Config.WrapConnector in the tests'
+// mode: a new Emulator's Wrap in cockroach mode, nil otherwise.
+func WrapConnector() func(driver.Connector) driver.Connector {
+	if em := Emulator(); em != nil {
+		return em.Wrap
+	}
+	return nil
+}
+
+// EmulatorWith returns a new emulator with settings s, for a test that
+// runs in cockroach mode whatever the binary does.
+func EmulatorWith(s crdbmode.Settings) *crdbmode.Emulator { return crdbmode.New(s, &counts) }
 
 // DSN returns the server DSN from BMDB_TEST_DSN, or fails t.
 func DSN(t testing.TB) string {

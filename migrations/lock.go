@@ -1,4 +1,4 @@
-package migrate
+package migrations
 
 import (
 	"context"
@@ -27,7 +27,7 @@ import (
 
 // migrationLease is how long a migrator's lease lasts without renewal: a
 // migrator killed while migrating delays the next one by at most this.
-// Tests shorten it (SetLease).
+// Tests shorten it (setLease).
 var migrationLease atomic.Int64 // nanoseconds
 
 func init() { migrationLease.Store(int64(15 * time.Second)) }
@@ -35,9 +35,9 @@ func init() { migrationLease.Store(int64(15 * time.Second)) }
 // lease returns migrationLease.
 func lease() time.Duration { return time.Duration(migrationLease.Load()) }
 
-// SetLease sets how long a migrator's lease lasts without renewal, and
+// setLease sets how long a migrator's lease lasts without renewal, and
 // returns the previous value (tests).
-func SetLease(d time.Duration) time.Duration { return time.Duration(migrationLease.Swap(int64(d))) }
+func setLease(d time.Duration) time.Duration { return time.Duration(migrationLease.Swap(int64(d))) }
 
 // retryDelay returns the jittered wait before retry number attempt (from
 // 1) of a lost CREATE TABLE race.
@@ -117,34 +117,61 @@ type migrationLock struct {
 
 // acquireMigrationLock waits, with jittered growing polls bounded by ctx,
 // until it holds the lease, and renews it in the background until release.
+// While it waits it logs whom it waits for (holder, since when, until
+// when), again whenever the holder changes; if ctx ends first, its error
+// names the holder too.
 func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrationLock, error) {
 	if err := ensureTable(ctx, db, createMigrationLockSQL); err != nil {
-		return nil, fmt.Errorf("bmdb: creating bmdb_migration_lock: %w", dbconn.ContextError(ctx, err))
+		return nil, fmt.Errorf("migrations: creating bmdb_migration_lock: %w", dbconn.ContextError(ctx, err))
 	}
 	holder := uuid.New()
 	poll := 20 * time.Millisecond
-	for waited := false; ; {
+	start := time.Now()
+	var held *Lock // the lease we wait for, as last read
+	for {
 		var got uuid.UUID
 		err := db.QueryRowContext(ctx, acquireMigrationLockSQL, holder, info, lease().Seconds()).Scan(&got)
 		switch {
 		case err == nil:
+			if held != nil {
+				klog.Infof("migrations: took the migration lock after waiting %v for %s", time.Since(start).Round(time.Millisecond), held.describe(true))
+			}
 			l := &migrationLock{db: db, holder: holder}
 			l.renewInBackground()
 			return l, nil
 		case !errors.Is(err, sql.ErrNoRows) && !dbconn.IsRetryable(err):
-			return nil, fmt.Errorf("bmdb: taking the migration lock: %w", dbconn.ContextError(ctx, err))
+			return nil, fmt.Errorf("migrations: taking the migration lock: %w", dbconn.ContextError(ctx, err))
 		}
-		if !waited {
-			waited = true
-			if lock, err := readMigrationLock(ctx, db); err == nil && lock != nil {
-				klog.Infof("bmdb: waiting for the migration lock held by %s (%s) until %v", lock.Holder, lock.HolderInfo, lock.Deadline)
+		if lock, err := readMigrationLock(ctx, db); err == nil && lock != nil {
+			if held == nil || lock.Holder != held.Holder {
+				klog.Infof("migrations: waiting for the migration lock held by %s", lock.describe(false))
 			}
+			held = lock
 		}
 		if err := wait.Sleep(ctx, poll/2+rand.N(poll/2+1)); err != nil {
-			return nil, fmt.Errorf("bmdb: waiting for the migration lock: %w", err)
+			if held != nil {
+				return nil, fmt.Errorf("migrations: waited %v for the migration lock held by %s: %w", time.Since(start).Round(time.Millisecond), held.describe(false), err)
+			}
+			return nil, fmt.Errorf("migrations: waiting %v for the migration lock: %w", time.Since(start).Round(time.Millisecond), err)
 		}
 		poll = min(2*poll, 500*time.Millisecond)
 	}
+}
+
+// lockTimeFormat is how messages show the lease's times.
+const lockTimeFormat = "2006-01-02T15:04:05.000Z07:00"
+
+// describe says who holds l, since when and until when; taken says that
+// the lock has since been taken from it (released, or expired).
+func (l *Lock) describe(taken bool) string {
+	s := fmt.Sprintf("%q (lease %s) since %s", l.HolderInfo, l.Holder, l.AcquiredAt.UTC().Format(lockTimeFormat))
+	switch {
+	case taken:
+		return s + fmt.Sprintf(": it released the lock, or died and its lease (last seen renewed until %s) expired", l.Deadline.UTC().Format(lockTimeFormat))
+	case l.Live:
+		return s + fmt.Sprintf(", renewed until %s (a holder that died stops renewing it; it expires then)", l.Deadline.UTC().Format(lockTimeFormat))
+	}
+	return s + fmt.Sprintf(", expired at %s (taking it over)", l.Deadline.UTC().Format(lockTimeFormat))
 }
 
 // renewInBackground extends the lease every third of it until release.
@@ -159,11 +186,11 @@ func (l *migrationLock) renewInBackground() {
 			res, err := l.db.ExecContext(rctx, renewMigrationLockSQL, l.holder, lease().Seconds())
 			cancel()
 			if n, _ := rowsAffected(res, err); err == nil && n == 0 {
-				klog.Warningf("bmdb: migration lock %s was taken over while migrating (cleared by an operator?)", l.holder)
+				klog.Warningf("migrations: migration lock %s was taken over while migrating (cleared by an operator?)", l.holder)
 				return
 			}
 			if err != nil && ctx.Err() == nil {
-				klog.Warningf("bmdb: renewing the migration lock: %v", err)
+				klog.Warningf("migrations: renewing the migration lock: %v", err)
 			}
 		}
 	}()
@@ -177,7 +204,7 @@ func (l *migrationLock) release() {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if _, err := l.db.ExecContext(ctx, releaseMigrationLockSQL, l.holder); err != nil {
-		klog.Warningf("bmdb: releasing the migration lock (it expires by itself within %v): %v", lease(), err)
+		klog.Warningf("migrations: releasing the migration lock (it expires by itself within %v): %v", lease(), err)
 	}
 }
 
@@ -196,12 +223,12 @@ func clearedRows(res sql.Result, err error) (int64, error) {
 	return rowsAffected(res, err)
 }
 
-// Lock describes the lease of the component migrating the schema
-// (ReadLock).
+// Lock describes the migration lease: the row of bmdb_migration_lock that
+// the component migrating the schema holds (Migrator.ReadLock).
 type Lock struct {
 	Holder     uuid.UUID // the migrator's lease id
-	HolderInfo string    // its component and runtime info
-	AcquiredAt time.Time
+	HolderInfo string    // its Config.HolderInfo: component, host, pid
+	AcquiredAt time.Time // on the database clock
 	Deadline   time.Time // on the database clock; renewed while it migrates
 	Live       bool      // the deadline has not passed: the holder is alive
 }
@@ -227,64 +254,26 @@ func readMigrationLock(ctx context.Context, db *sql.DB) (*Lock, error) {
 // waits up to one lease for the latter before deleting the row.
 func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
 	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
-		return fmt.Errorf("bmdb: creating schema_lock: %w", dbconn.ContextError(ctx, err))
+		return fmt.Errorf("migrations: creating schema_lock: %w", dbconn.ContextError(ctx, err))
 	}
 	until := time.Now().Add(lease())
 	for {
 		var n int
 		if err := db.QueryRowContext(ctx, countCockroachLockSQL).Scan(&n); err != nil {
-			return fmt.Errorf("bmdb: reading schema_lock: %w", dbconn.ContextError(ctx, err))
+			return fmt.Errorf("migrations: reading schema_lock: %w", dbconn.ContextError(ctx, err))
 		}
 		if n == 0 {
 			return nil
 		}
 		if time.Now().After(until) {
-			klog.Warningf("bmdb: deleting golang-migrate's schema_lock row left by a migrator that is gone")
+			klog.Warningf("migrations: deleting golang-migrate's schema_lock row left by a migrator that is gone")
 			if _, err := db.ExecContext(ctx, clearCockroachLockSQL); err != nil {
-				return fmt.Errorf("bmdb: clearing schema_lock: %w", dbconn.ContextError(ctx, err))
+				return fmt.Errorf("migrations: clearing schema_lock: %w", dbconn.ContextError(ctx, err))
 			}
 			return nil
 		}
 		if err := wait.Sleep(ctx, 200*time.Millisecond); err != nil {
-			return fmt.Errorf("bmdb: waiting for golang-migrate's schema_lock: %w", err)
+			return fmt.Errorf("migrations: waiting for golang-migrate's schema_lock: %w", err)
 		}
 	}
-}
-
-// ReadLock returns the migration lease of the database, or nil if no
-// migrator holds one. It takes no lock.
-func ReadLock(ctx context.Context, t Target) (*Lock, error) {
-	var lock *Lock
-	err := withMigrationPool(ctx, t, func(mp *migrationPool) error {
-		var err error
-		lock, err = readMigrationLock(ctx, mp.db)
-		if err != nil {
-			return fmt.Errorf("bmdb: reading the migration lock: %w", err)
-		}
-		return nil
-	})
-	return lock, err
-}
-
-// ClearLock deletes the migration lease and golang-migrate's cockroachdb
-// lock row of the database, live or not, and reports whether there was
-// anything to delete. It is an operator's override: a migrator still
-// running loses its lock and another may start beside it.
-func ClearLock(ctx context.Context, t Target) (bool, error) {
-	var cleared bool
-	err := withMigrationPool(ctx, t, func(mp *migrationPool) error {
-		lease, err := mp.db.ExecContext(ctx, clearMigrationLockSQL)
-		n, err := clearedRows(lease, err)
-		if err != nil {
-			return fmt.Errorf("bmdb: clearing the migration lock: %w", err)
-		}
-		driverLock, err := mp.db.ExecContext(ctx, clearCockroachLockSQL)
-		m, err := clearedRows(driverLock, err)
-		if err != nil {
-			return fmt.Errorf("bmdb: clearing golang-migrate's schema_lock: %w", err)
-		}
-		cleared = n+m > 0
-		return nil
-	})
-	return cleared, err
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // Main runs a package's tests (call it from TestMain) with databases that

@@ -1,4 +1,4 @@
-package migrate
+package migrations
 
 import (
 	"context"
@@ -20,8 +20,7 @@ import (
 // keeps its sequence). Ties of work_history.at (events of one transaction)
 // are then in no particular order on CockroachDB.
 //
-// This step runs on a CockroachDB server only (not in cockroach mode on
-// PostgreSQL, which has no such functions), after bmdb's migrations, each
+// This step runs on CockroachDB only, after bmdb's migrations, each
 // checked without a lock first and applied under the migration lock.
 
 // The one step of CockroachDB: constant text, idempotent. The check
@@ -40,24 +39,24 @@ AND column_default LIKE '%unordered_unique_rowid%'`
 func cockroachStepPending(ctx context.Context, db *sql.DB) (bool, error) {
 	var n int
 	if err := db.QueryRowContext(ctx, spreadHistoryCheck).Scan(&n); err != nil {
-		return false, fmt.Errorf("bmdb: checking %s: %w", spreadHistoryName, dbconn.ContextError(ctx, err))
+		return false, fmt.Errorf("migrations: checking %s: %w", spreadHistoryName, dbconn.ContextError(ctx, err))
 	}
 	return n == 0, nil
 }
 
 // applySteps applies, under the migration lock, the CockroachDB step if it
-// is not in place. It does nothing on PostgreSQL (cockroach mode included).
+// is not in place. It does nothing on PostgreSQL.
 func (mp *migrationPool) applySteps(ctx context.Context) error {
-	if !mp.realCockroach {
+	if !mp.cockroach {
 		return nil
 	}
 	pending, err := cockroachStepPending(ctx, mp.db)
 	if err != nil || !pending {
 		return err
 	}
-	klog.Infof("bmdb: on CockroachDB: %s", spreadHistoryName)
+	klog.Infof("migrations: on CockroachDB: %s", spreadHistoryName)
 	if _, err := mp.db.ExecContext(ctx, spreadHistoryApply); err != nil {
-		return fmt.Errorf("bmdb: applying %s: %w", spreadHistoryName, dbconn.ContextError(ctx, err))
+		return fmt.Errorf("migrations: applying %s: %w", spreadHistoryName, dbconn.ContextError(ctx, err))
 	}
 	return nil
 }

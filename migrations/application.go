@@ -1,4 +1,4 @@
-package bmdb
+package migrations
 
 import (
 	"errors"
@@ -9,12 +9,15 @@ import (
 )
 
 // Application is an application's own schema on top of bmdb's: its tag
-// tables, views and indexes, as golang-migrate files that Open applies
-// after bmdb's own migrations, under the same lock and the same rules.
+// tables, views and indexes, as golang-migrate files that a Migrator (and
+// bmdb.Open, given it as bmdb.Config.Application) applies after bmdb's own
+// migrations, under the same lease and the same rules.
 //
 // Its versions are recorded in a table of its own, <Name>_schema_migrations,
-// so they are numbered independently of bmdb's (000001, 000002, ...). Open
-// refuses a dirty application schema, and one newer than the binary unless
+// so they are numbered independently of bmdb's (000001, 000002, ...). A
+// file marked "-- bmdb:rerunnable" that did not finish is run again, as
+// bmdb's own are (see the package documentation); otherwise a Migrator
+// refuses a dirty application schema, and one newer than its files unless
 // every newer migration declared, in bmdb_app_schema_compat, that the
 // binary's version still works (the rolling-upgrade rule bmdb's own
 // migrations follow in bmdb_schema_compat):
@@ -44,9 +47,9 @@ type Application struct {
 //	//go:embed migrations/*.sql
 //	var migrationFiles embed.FS
 //
-//	app, err := bmdb.NewApplication("burnin", migrationFiles, "migrations")
+//	app, err := migrations.NewApplication("burnin", migrationFiles, "migrations")
 //
-// It checks what Open would refuse later, with an error wrapping
+// It checks what a Migrator would refuse later, with an error wrapping
 // ErrInvalidArgument that names the problem: an invalid name, a missing
 // directory, a directory without any NNNNNN_title.up.sql file, or a .sql
 // file whose name golang-migrate would not parse. dir "." is fsys itself.
@@ -54,7 +57,7 @@ func NewApplication(name string, fsys fs.FS, dir string) (*Application, error) {
 	switch {
 	case !applicationName.MatchString(name):
 		return nil, invalidArgument("NewApplication: name %q must be a lower-case letter followed by up to 39 lower-case letters, digits or underscores", name)
-	case name == bmdbSourceName:
+	case name == SchemaBmdb:
 		return nil, invalidArgument("NewApplication: name %q is bmdb's own", name)
 	case fsys == nil:
 		return nil, invalidArgument("NewApplication(%q): fsys is nil", name)
@@ -68,7 +71,7 @@ func NewApplication(name string, fsys fs.FS, dir string) (*Application, error) {
 		return nil, invalidArgument("NewApplication(%q): no directory %q in its file system (is it embedded? //go:embed %s/*.sql)", name, dir, dir)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bmdb: NewApplication(%q): reading directory %q: %w", name, dir, err)
+		return nil, fmt.Errorf("migrations: NewApplication(%q): reading directory %q: %w", name, dir, err)
 	}
 	ups := 0
 	for _, e := range entries {
@@ -96,15 +99,20 @@ var migrationFile = regexp.MustCompile(`^[0-9]+_[^/]+\.(up|down)\.sql$`)
 // makes a valid table name unquoted on both engines.
 var applicationName = regexp.MustCompile(`^[a-z][a-z0-9_]{0,39}$`)
 
-// validate names the first invalid field of a.
-func (a *Application) validate() error {
+// Validate reports, with an error wrapping ErrInvalidArgument that names
+// the field, whether a is unusable: an invalid Name, bmdb's own name, or nil
+// Migrations. (NewApplication checks the files as well.) bmdb.Open calls it
+// for bmdb.Config.Application.
+func (a *Application) Validate() error {
 	switch {
+	case a == nil:
+		return invalidArgument("Application is nil")
 	case !applicationName.MatchString(a.Name):
-		return invalidArgument("Config.Application.Name %q must be a lower-case letter followed by up to 39 lower-case letters, digits or underscores", a.Name)
-	case a.Name == bmdbSourceName:
-		return invalidArgument("Config.Application.Name %q is bmdb's own", a.Name)
+		return invalidArgument("Application.Name %q must be a lower-case letter followed by up to 39 lower-case letters, digits or underscores", a.Name)
+	case a.Name == SchemaBmdb:
+		return invalidArgument("Application.Name %q is bmdb's own", a.Name)
 	case a.Migrations == nil:
-		return invalidArgument("Config.Application.Migrations is nil")
+		return invalidArgument("Application.Migrations is nil")
 	}
 	return nil
 }

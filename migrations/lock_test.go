@@ -1,4 +1,4 @@
-package migrate
+package migrations
 
 import (
 	"bufio"
@@ -14,9 +14,9 @@ import (
 
 	_ "github.com/lib/pq"
 
-	"github.com/bmdb-dev/bmdb/internal/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
-	"github.com/bmdb-dev/bmdb/internal/testdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // childDSNEnv, when set, makes the test binary a migrator that takes the
@@ -28,7 +28,11 @@ func TestMain(m *testing.M) {
 		os.Exit(runMigratorChild(dsn))
 	}
 	testdb.Main(m, func(ctx context.Context, dsn string) error {
-		return Up(ctx, Target{DSN: dsn, NetworkTimeout: 5 * time.Second}, "testdb")
+		m, err := New(dsn, &Config{HolderInfo: "testdb"})
+		if err != nil {
+			return err
+		}
+		return m.Up(ctx)
 	})
 }
 
@@ -43,11 +47,11 @@ func openRaw(t *testing.T, dsn string) *sql.DB {
 	return db
 }
 
-// setLease shortens the migration lease for the duration of a test that
-// does not run in parallel.
-func setLease(t *testing.T, d time.Duration) {
-	old := SetLease(d)
-	t.Cleanup(func() { SetLease(old) })
+// shortLease shortens the migration lease for the duration of a test
+// that does not run in parallel.
+func shortLease(t *testing.T, d time.Duration) {
+	old := setLease(d)
+	t.Cleanup(func() { setLease(old) })
 }
 
 // A migrator killed while holding the lock (and golang-migrate's
@@ -55,7 +59,7 @@ func setLease(t *testing.T, d time.Duration) {
 // nobody has to delete anything by hand. (Before, every later Open failed
 // until someone deleted the schema_lock row.)
 func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
-	setLease(t, time.Second)
+	shortLease(t, time.Second)
 	dsn := testdb.NewEmpty(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childDSNEnv+"="+dsn)
@@ -83,8 +87,8 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = cmd.Wait()
-	target := Target{DSN: dsn, NetworkTimeout: 5 * time.Second, Mode: crdbmode.Settings{Enabled: true}}
-	lock, err := ReadLock(context.Background(), target)
+	m := migrator(t, dsn, nil, crdbmode.Settings{Enabled: true})
+	lock, err := m.ReadLock(context.Background())
 	if err != nil || lock == nil || !lock.Live {
 		t.Fatalf("ReadLock after the kill = %+v, %v; want the dead migrator's live lease", lock, err)
 	}
@@ -92,7 +96,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := Up(ctx, target, "next"); err != nil {
+	if err := m.Up(ctx); err != nil {
 		t.Fatalf("Up after a migrator died holding the lock: %v", err)
 	}
 	took := time.Since(start)
@@ -106,7 +110,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 // cockroachdb lock row as a migrator does, says "locked", and waits to be
 // killed.
 func runMigratorChild(dsn string) int {
-	SetLease(time.Second)
+	setLease(time.Second)
 	ctx := context.Background()
 	conn, err := dbconn.NewConnector(dsn, time.Second, dbconn.Settings{}, nil)
 	if err != nil {
@@ -137,8 +141,8 @@ func TestClearLock(t *testing.T) {
 	dsn := testdb.New(t)
 	db := openRaw(t, dsn)
 	ctx := context.Background()
-	target := Target{DSN: dsn, NetworkTimeout: 5 * time.Second}
-	if cleared, err := ClearLock(ctx, target); err != nil || cleared {
+	m := migrator(t, dsn, nil, crdbmode.Settings{})
+	if cleared, err := m.ClearLock(ctx); err != nil || cleared {
 		t.Fatalf("ClearLock with no lock = %v, %v", cleared, err)
 	}
 	lock, err := acquireMigrationLock(ctx, db, "stuck")
@@ -146,10 +150,10 @@ func TestClearLock(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lock.release()
-	if cleared, err := ClearLock(ctx, target); err != nil || !cleared {
+	if cleared, err := m.ClearLock(ctx); err != nil || !cleared {
 		t.Fatalf("ClearLock = %v, %v", cleared, err)
 	}
-	if l, err := ReadLock(ctx, target); err != nil || l != nil {
+	if l, err := m.ReadLock(ctx); err != nil || l != nil {
 		t.Fatalf("lock after clearing: %+v, %v", l, err)
 	}
 }

@@ -1,0 +1,722 @@
+package crdbmode
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode"
+
+	"github.com/google/uuid"
+	"github.com/lib/pq"
+	"github.com/lib/pq/pqerror"
+)
+
+// Emulator stands in for CockroachDB in front of a PostgreSQL server: a
+// driver.Connector wrapper (Wrap, for bmdb.Config.WrapConnector) under
+// bmdb's own driver wrapper, so that bmdb detects CockroachDB and takes its
+// code paths, and meets what CockroachDB does where PostgreSQL would not:
+//
+//   - SELECT version() says CockroachDB; CockroachDB's session settings
+//     are PostgreSQL placeholders (crdb.<name>), which keep any value an
+//     operator set for a role or database; its own DDL (the spread key
+//     of work_history) is taken and answered as applied.
+//   - RELEASE SAVEPOINT cockroach_restart commits, as CockroachDB's commit
+//     point does, and COMMIT afterwards commits nothing; ROLLBACK TO
+//     SAVEPOINT cockroach_restart restarts the transaction with a new
+//     snapshot, as CockroachDB's restart reads at a new timestamp (a
+//     restart inside a PostgreSQL transaction would keep its snapshot and
+//     fail again); a serialization failure of the commit restarts it too.
+//   - Injected errors, in bmdb's transactions (those that run one of its
+//     statements, through crdb, which retries as CockroachDB's clients
+//     must; not golang-migrate's, for one): 40001 on statements and at
+//     RELEASE (Settings.RetryRate), an ambiguous commit point, 40003 or a
+//     lost connection, committed or not (Settings.AmbiguousRate,
+//     NextCommit), a failed read refresh of a transaction older than the
+//     closed timestamp whose session row a heartbeat rewrote (40001 at
+//     RELEASE), and session checks that wait for a writer of the session
+//     row, bounded by lock_timeout, as a plain read waits for an intent.
+//   - Multi-statement scripts outside a transaction (migration files)
+//     applied one statement at a time, each committed (CockroachDB 25.x's
+//     autocommit_before_ddl), failing between two when
+//     Settings.MigrationFailAfter asks.
+//
+// One Emulator serves a Connection's pools. It is safe for concurrent use; Hook must be
+// set before the pool is used.
+type Emulator struct {
+	s      Settings
+	counts *Counts // shared with others, for a report
+	own    Counts  // this Emulator's: Injected
+
+	mu    sync.Mutex
+	rng   *rand.Rand           // guarded by mu
+	poked map[string]time.Time // guarded by mu: when a heartbeat last wrote each session's row
+
+	off        atomic.Bool  // stops injecting (tests that count retries)
+	nextCommit atomic.Int32 // the fate of the next commit point (tests); CommitAsIs: chance
+	failAfter  atomic.Int32 // fails the next migration file after that many statements, once
+	hook       func(query string) error
+}
+
+// New returns an Emulator with s's injections, counting them in counts
+// (nil: not counted).
+func New(s Settings, counts *Counts) *Emulator {
+	if counts == nil {
+		counts = &Counts{}
+	}
+	seed := s.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+	}
+	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string]time.Time{}}
+	e.failAfter.Store(int32(s.MigrationFailAfter))
+	return e
+}
+
+// Wrap returns inner, a lib/pq connector (bmdb.Config.WrapConnector gets
+// one), behind the emulation.
+func (e *Emulator) Wrap(inner driver.Connector) driver.Connector {
+	return &connector{e: e, inner: inner}
+}
+
+// Injected returns what e has injected so far.
+func (e *Emulator) Injected() *Counts { return &e.own }
+
+// count adds one injection of kind to e's counts and the shared ones.
+func (e *Emulator) count(kind Kind) {
+	e.own.n[kind].Add(1)
+	e.counts.n[kind].Add(1)
+}
+
+// Off stops e injecting errors (tests that count retries); the rest of the
+// emulation goes on.
+func (e *Emulator) Off() { e.off.Store(true) }
+
+// NextCommit sets the fate of the next commit point.
+func (e *Emulator) NextCommit(fate CommitFate) { e.nextCommit.Store(int32(fate)) }
+
+// Hook sets a function run before every statement inside a transaction; a
+// non-nil error fails the statement unsent. Set it before the pool is
+// used: it is not synchronised.
+func (e *Emulator) Hook(fn func(query string) error) { e.hook = fn }
+
+// CommitFate is what the emulator does at a transaction's commit point.
+type CommitFate int32
+
+// Fates of a commit point.
+const (
+	CommitAsIs        CommitFate = iota // commit, report the outcome
+	CommitThen40003                     // commit, report 40003
+	RollbackThen40003                   // roll back, report 40003
+	CommitThenLost                      // commit, lose the connection
+	RollbackThenLost                    // lose the connection uncommitted
+)
+
+func (e *Emulator) roll(p float64) bool {
+	if p <= 0 || e.off.Load() {
+		return false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rng.Float64() < p
+}
+
+// pqConn is what bmdb's driver wrapper uses of a lib/pq connection.
+type pqConn interface {
+	driver.Conn
+	driver.ConnBeginTx
+	driver.ConnPrepareContext
+	driver.ExecerContext
+	driver.QueryerContext
+	driver.Pinger
+	driver.SessionResetter
+	driver.Validator
+	driver.NamedValueChecker
+}
+
+type connector struct {
+	e     *Emulator
+	inner driver.Connector
+}
+
+func (c *connector) Driver() driver.Driver { return c.inner.Driver() }
+
+func (c *connector) Connect(ctx context.Context) (driver.Conn, error) {
+	raw, err := c.inner.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	pc, ok := raw.(pqConn)
+	if !ok {
+		raw.Close()
+		return nil, errors.New("crdbmode: the wrapped connector is not lib/pq's")
+	}
+	return &conn{e: c.e, pq: pc}, nil
+}
+
+// conn is one emulated connection. database/sql serialises its calls.
+type conn struct {
+	e    *Emulator
+	pq   pqConn
+	tx   *tx // the transaction in progress, nil outside one
+	lost bool
+}
+
+// Statements crdb.ExecuteInTx runs around a transaction's callback.
+const (
+	sqlSavepoint = "SAVEPOINT cockroach_restart"
+	sqlRelease   = "RELEASE SAVEPOINT cockroach_restart"
+	sqlRestart   = "ROLLBACK TO SAVEPOINT cockroach_restart"
+)
+
+// Statements the emulation follows, by the sqlc name comment that starts
+// each of bmdb's: the reads and the write of a session's row.
+var (
+	sessionReads = []string{"-- name: SessionCheck", "-- name: WorkClaimMany "}   // their session id arguments are read
+	sessionWaits = []string{"-- name: SessionCheck :", "-- name: WorkClaimMany "} // reads that wait for a writer
+	sessionWrite = "-- name: SessionPoke :"                                       // the heartbeat
+)
+
+// Answers the emulation gives in CockroachDB's stead.
+const (
+	versionQuery  = "SELECT version()"
+	versionAnswer = "CockroachDB CCL v24.3.0 (emulated by bmdb's cockroach mode on PostgreSQL)"
+	// The spread key of work_history (bmdb's migrations on CockroachDB):
+	// its check answers in place, its DDL is taken and does nothing.
+	spreadCheckMark = "unordered_unique_rowid"
+)
+
+// settingNames are CockroachDB's session settings bmdb reads and pins,
+// which PostgreSQL stands for with placeholders of the same name under
+// placeholderPrefix.
+var settingNames = map[string]bool{
+	"enable_shared_locking_for_serializable":  true,
+	"enable_durable_locking_for_serializable": true,
+}
+
+const placeholderPrefix = "crdb."
+
+func (c *conn) Prepare(query string) (driver.Stmt, error) {
+	return c.PrepareContext(context.Background(), query)
+}
+
+func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
+	st, err := c.pq.PrepareContext(ctx, query)
+	if err != nil {
+		return nil, err
+	}
+	return &stmt{c: c, pq: st, query: query}, nil
+}
+
+func (c *conn) Close() error { return c.pq.Close() }
+
+func (c *conn) Begin() (driver.Tx, error) { return c.BeginTx(context.Background(), driver.TxOptions{}) }
+
+func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	t, err := c.pq.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, err
+	}
+	c.tx = &tx{c: c, pq: t, opts: opts, start: time.Now(), open: true}
+	return c.tx, nil
+}
+
+func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if done, res, err := c.intercept(ctx, query, args); done {
+		return res, err
+	}
+	query, args = placeholders(query, args)
+	return c.pq.ExecContext(ctx, query, args)
+}
+
+func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if answer, ok := canned(query); ok {
+		return answer, nil
+	}
+	if done, _, err := c.intercept(ctx, query, args); done {
+		if err == nil {
+			err = fmt.Errorf("crdbmode: %q answers no rows", query)
+		}
+		return nil, err
+	}
+	query, args = placeholders(query, args)
+	return c.pq.QueryContext(ctx, query, args)
+}
+
+func (c *conn) Ping(ctx context.Context) error { return c.pq.Ping(ctx) }
+
+func (c *conn) ResetSession(ctx context.Context) error {
+	if c.lost {
+		return driver.ErrBadConn
+	}
+	return c.pq.ResetSession(ctx)
+}
+
+func (c *conn) IsValid() bool { return !c.lost && c.pq.IsValid() }
+
+func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.pq.CheckNamedValue(nv) }
+
+// intercept handles what the emulation does instead of running query, or
+// before it: done reports that it handled query (res and err are its
+// outcome); otherwise query is to run as it is.
+func (c *conn) intercept(ctx context.Context, query string, args []driver.NamedValue) (done bool, res driver.Result, err error) {
+	q := strings.TrimSpace(query)
+	if c.tx == nil {
+		switch {
+		case strings.Contains(q, spreadCheckMark):
+			return true, driver.RowsAffected(0), nil
+		case len(args) == 0:
+			if stmts := splitStatements(q); len(stmts) > 1 {
+				return true, driver.RowsAffected(0), c.execSplit(ctx, stmts)
+			}
+		}
+		return false, nil, nil
+	}
+	switch q {
+	case sqlSavepoint:
+		c.tx.crdb = true
+		return false, nil, nil
+	case sqlRestart:
+		return true, driver.RowsAffected(0), c.tx.restart(ctx)
+	case sqlRelease:
+		return true, driver.RowsAffected(0), c.tx.release(ctx)
+	}
+	if err := c.statement(ctx, q, args); err != nil {
+		return true, nil, err
+	}
+	return false, nil, nil
+}
+
+// statement returns the error to inject instead of running query inside
+// the transaction, or nil to run it, after following what it reads and
+// writes of session rows, and waiting for a writer of those it checks.
+func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue) error {
+	e := c.e
+	if e.hook != nil {
+		if err := e.hook(q); err != nil {
+			return err
+		}
+	}
+	c.tx.bmdb = c.tx.bmdb || strings.HasPrefix(q, "-- name: ")
+	for _, p := range sessionReads {
+		if strings.HasPrefix(q, p) {
+			c.tx.reads = append(c.tx.reads, stringArgs(args)...)
+		}
+	}
+	for _, p := range sessionWaits {
+		if strings.HasPrefix(q, p) {
+			for _, id := range stringArgs(args) {
+				if err := c.waitForWriters(ctx, id); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	if strings.HasPrefix(q, sessionWrite) {
+		e.mu.Lock()
+		for _, id := range stringArgs(args) {
+			e.poked[id] = time.Now()
+		}
+		e.mu.Unlock()
+	}
+	if c.tx.crdb && c.tx.bmdb && e.roll(e.s.RetryRate) {
+		e.count(Retryable)
+		return injected(codeSerializationFailure, "restart transaction: TransactionRetryWithProtoRefreshError (injected)")
+	}
+	return nil
+}
+
+// placeholders rewrites CockroachDB's setting names among a settings
+// statement's arguments to PostgreSQL's placeholders for them; a
+// placeholder that is not set reads as empty, where PostgreSQL would fail.
+func placeholders(query string, args []driver.NamedValue) (string, []driver.NamedValue) {
+	if !strings.Contains(query, "current_setting(") && !strings.Contains(query, "set_config(") {
+		return query, args
+	}
+	var out []driver.NamedValue // a copy, made at the first rewrite
+	for i, a := range args {
+		if s, ok := a.Value.(string); ok && settingNames[s] {
+			if out == nil {
+				out = append(out, args...)
+			}
+			out[i].Value = placeholderPrefix + s
+		}
+	}
+	if out == nil {
+		return query, args
+	}
+	return strings.ReplaceAll(query, "current_setting($1)", "current_setting($1, true)"), out
+}
+
+// Reads that wait. On CockroachDB a plain read that meets another
+// transaction's uncommitted write of the row (an intent) waits for that
+// transaction, bounded by lock_timeout (then 55P03); PostgreSQL reads the
+// last committed version without waiting. The reads that matter to bmdb
+// are its session checks: they wait for an in-flight heartbeat of the
+// session (an UPDATE of the row) and for a takeover or GC deleting it. So
+// a check first takes a FOR SHARE lock on the row inside a savepoint,
+// which waits for any writer as CockroachDB's read does and fails the same
+// way at lock_timeout, and rolls back to the savepoint, which releases the
+// lock at once: nobody waits for the check.
+
+// waitForWriters waits, inside c's transaction, until no other transaction
+// holds a write on session id's row, bounded by lock_timeout.
+func (c *conn) waitForWriters(ctx context.Context, id string) error {
+	u, err := uuid.Parse(id)
+	if err != nil {
+		return nil // not a session id: nothing to wait for
+	}
+	// One round trip; the id is a parsed UUID, never caller text.
+	query := "SAVEPOINT bmdb_read_wait; SELECT 1 FROM sessions WHERE session_id = '" + u.String() +
+		"' FOR SHARE; ROLLBACK TO SAVEPOINT bmdb_read_wait; RELEASE SAVEPOINT bmdb_read_wait"
+	if _, err := c.pq.ExecContext(ctx, query, nil); err != nil {
+		_, _ = c.pq.ExecContext(ctx, "ROLLBACK TO SAVEPOINT bmdb_read_wait", nil)
+		if sqlState(err) == codeLockNotAvailable {
+			c.e.count(ReadWaits)
+		}
+		return err
+	}
+	return nil
+}
+
+// lose closes c's connection as a network failure would, and returns the
+// error its caller sees.
+func (c *conn) lose() error {
+	c.lost = true
+	c.e.count(ConnLoss)
+	_ = c.pq.Close()
+	return fmt.Errorf("%w: %w", errInjectedConnLoss, io.ErrUnexpectedEOF)
+}
+
+// errInjectedConnLoss is the cause of a connection the emulation closed.
+var errInjectedConnLoss = errors.New("crdbmode: connection lost (injected at the commit point)")
+
+// tx is an emulated transaction: a PostgreSQL transaction (open while
+// PostgreSQL has one in progress), restarted with a new one where
+// CockroachDB restarts at a new timestamp.
+type tx struct {
+	c         *conn
+	pq        driver.Tx
+	opts      driver.TxOptions
+	start     time.Time // its read timestamp: when it, or its last restart, began
+	reads     []string  // the session rows it read
+	open      bool      // PostgreSQL has the transaction in progress
+	committed bool      // committed at RELEASE: COMMIT commits nothing
+	crdb      bool      // it runs through crdb (SAVEPOINT cockroach_restart), which retries
+	bmdb      bool      // it ran one of bmdb's statements (sqlc's "-- name: " comment)
+}
+
+// begin starts a new PostgreSQL transaction with t's options and crdb's
+// savepoint, in t's stead.
+func (t *tx) begin(ctx context.Context) error {
+	q := "BEGIN"
+	switch t.opts.Isolation {
+	case driver.IsolationLevel(1), driver.IsolationLevel(2): // read uncommitted, read committed
+		q += " ISOLATION LEVEL READ COMMITTED"
+	case driver.IsolationLevel(4), driver.IsolationLevel(5): // repeatable read, snapshot
+		q += " ISOLATION LEVEL REPEATABLE READ"
+	case driver.IsolationLevel(6), driver.IsolationLevel(7): // serializable, linearizable
+		q += " ISOLATION LEVEL SERIALIZABLE"
+	}
+	if t.opts.ReadOnly {
+		q += " READ ONLY"
+	}
+	if _, err := t.c.pq.ExecContext(ctx, q+"; "+sqlSavepoint, nil); err != nil {
+		return err
+	}
+	t.open, t.start, t.reads = true, time.Now(), nil
+	return nil
+}
+
+// restart is ROLLBACK TO SAVEPOINT cockroach_restart: the transaction runs
+// again, with a new snapshot.
+func (t *tx) restart(ctx context.Context) error {
+	if t.open {
+		if _, err := t.c.pq.ExecContext(ctx, "ROLLBACK", nil); err != nil {
+			return err
+		}
+		t.open = false
+	}
+	return t.begin(ctx)
+}
+
+// release is RELEASE SAVEPOINT cockroach_restart, CockroachDB's commit
+// point: a failed read refresh or an injected 40001 fails it with the
+// transaction still open (crdb restarts it); otherwise it commits, unless
+// its fate says otherwise, and a serialization failure of the commit
+// leaves a new transaction in its place for crdb's restart.
+func (t *tx) release(ctx context.Context) error {
+	c, e := t.c, t.c.e
+	if err := t.refresh(); err != nil {
+		return err
+	}
+	if err := c.statement(ctx, sqlRelease, nil); err != nil {
+		return err
+	}
+	fate := CommitFate(e.nextCommit.Swap(int32(CommitAsIs)))
+	if fate == CommitAsIs && e.roll(e.s.AmbiguousRate) {
+		e.mu.Lock()
+		fate = CommitFate(1 + e.rng.IntN(4))
+		e.mu.Unlock()
+	}
+	committed := fate != RollbackThen40003 && fate != RollbackThenLost
+	if committed {
+		if _, err := c.pq.ExecContext(ctx, "RELEASE SAVEPOINT cockroach_restart; COMMIT", nil); err != nil {
+			t.open = false
+			if sqlState(err) == codeSerializationFailure {
+				if berr := t.begin(ctx); berr != nil {
+					return errors.Join(err, berr)
+				}
+			}
+			return err
+		}
+		t.open, t.committed = false, true
+	}
+	switch fate {
+	case CommitAsIs:
+		return nil
+	case CommitThenLost, RollbackThenLost:
+		t.open = false
+		return c.lose()
+	}
+	if !committed {
+		_, _ = c.pq.ExecContext(ctx, "ROLLBACK", nil)
+		t.open = false
+	}
+	e.count(Ambiguous)
+	return injected(codeStatementCompletionUnknown, fmt.Sprintf("result is ambiguous (injected at the commit point, committed: %v)", committed))
+}
+
+// refresh emulates CockroachDB's read refresh at the commit point: a
+// transaction that began longer than the closed timestamp ago has its
+// commit timestamp pushed to the present, and must show that nothing it
+// read was written since it began. If a heartbeat rewrote a session row it
+// read, the refresh fails: 40001, on every attempt that lasts as long.
+func (t *tx) refresh() error {
+	e := t.c.e
+	closed := e.s.ClosedTimestampTarget()
+	if closed <= 0 || time.Since(t.start) <= closed {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, id := range t.reads {
+		if e.poked[id].After(t.start) {
+			e.count(Refresh)
+			return injected(codeSerializationFailure, fmt.Sprintf(
+				"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: transaction older than the closed timestamp, %v)", id, closed))
+		}
+	}
+	return nil
+}
+
+func (t *tx) Commit() error {
+	defer func() { t.c.tx = nil }()
+	if t.committed || !t.open {
+		return nil // committed at RELEASE, or ended there
+	}
+	return t.pq.Commit()
+}
+
+func (t *tx) Rollback() error {
+	defer func() { t.c.tx = nil }()
+	if !t.open {
+		return nil
+	}
+	if t.c.lost {
+		return driver.ErrBadConn
+	}
+	return t.pq.Rollback()
+}
+
+// stmt is a prepared statement of an emulated connection.
+type stmt struct {
+	c     *conn
+	pq    driver.Stmt
+	query string
+}
+
+func (s *stmt) Close() error  { return s.pq.Close() }
+func (s *stmt) NumInput() int { return s.pq.NumInput() }
+
+func (s *stmt) Exec(args []driver.Value) (driver.Result, error) {
+	return s.ExecContext(context.Background(), namedValues(args))
+}
+
+func (s *stmt) Query(args []driver.Value) (driver.Rows, error) {
+	return s.QueryContext(context.Background(), namedValues(args))
+}
+
+func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (driver.Result, error) {
+	if done, res, err := s.c.intercept(ctx, s.query, args); done {
+		return res, err
+	}
+	return s.pq.(driver.StmtExecContext).ExecContext(ctx, args)
+}
+
+func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
+	if answer, ok := canned(s.query); ok {
+		return answer, nil
+	}
+	if done, _, err := s.c.intercept(ctx, s.query, args); done {
+		if err == nil {
+			err = fmt.Errorf("crdbmode: %q answers no rows", s.query)
+		}
+		return nil, err
+	}
+	return s.pq.(driver.StmtQueryContext).QueryContext(ctx, args)
+}
+
+func namedValues(args []driver.Value) []driver.NamedValue {
+	nv := make([]driver.NamedValue, len(args))
+	for i, v := range args {
+		nv[i] = driver.NamedValue{Ordinal: i + 1, Value: v}
+	}
+	return nv
+}
+
+// canned returns the emulation's answer to query, if it answers it.
+func canned(query string) (driver.Rows, bool) {
+	q := strings.TrimSpace(query)
+	switch {
+	case q == versionQuery:
+		return &oneValue{column: "version", value: versionAnswer}, true
+	case strings.Contains(q, spreadCheckMark) && strings.Contains(q, "information_schema.columns"):
+		return &oneValue{column: "count", value: int64(1)}, true
+	}
+	return nil, false
+}
+
+// oneValue is a result of one row of one column.
+type oneValue struct {
+	column string
+	value  driver.Value
+	done   bool
+}
+
+func (r *oneValue) Columns() []string { return []string{r.column} }
+func (r *oneValue) Close() error      { return nil }
+func (r *oneValue) Next(dest []driver.Value) error {
+	if r.done {
+		return io.EOF
+	}
+	r.done, dest[0] = true, r.value
+	return nil
+}
+
+// execSplit runs the statements of a migration file one by one, each
+// committed on its own, and fails between two of them if failAfter says
+// so.
+func (c *conn) execSplit(ctx context.Context, stmts []string) error {
+	for i, st := range stmts {
+		if n := c.e.failAfter.Load(); int(n) == i && n > 0 && c.e.failAfter.CompareAndSwap(n, 0) {
+			c.e.count(MigrationFailures)
+			return injected(codeSchemaChangeAborted, fmt.Sprintf(
+				"migration stopped after %d of its %d statements, which stay applied (injected)", i, len(stmts)))
+		}
+		if strings.Contains(st, spreadCheckMark) {
+			continue // CockroachDB's own DDL
+		}
+		if _, err := c.pq.ExecContext(ctx, st, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// splitStatements splits a script at the semicolons that end its
+// statements, not those inside comments, quotes or dollar quotes, and
+// drops what holds no statement (whitespace and comments only).
+func splitStatements(script string) []string {
+	var stmts []string
+	start, code := 0, false // code: the current piece has more than comments
+	flush := func(end int) {
+		if code {
+			stmts = append(stmts, strings.TrimSpace(script[start:end]))
+		}
+		start, code = end+1, false
+	}
+	for i := 0; i < len(script); i++ {
+		switch ch := script[i]; {
+		case strings.HasPrefix(script[i:], "--"):
+			if j := strings.IndexByte(script[i:], '\n'); j >= 0 {
+				i += j
+			} else {
+				i = len(script)
+			}
+		case strings.HasPrefix(script[i:], "/*"):
+			if j := strings.Index(script[i+2:], "*/"); j >= 0 {
+				i += j + 3
+			} else {
+				i = len(script)
+			}
+		case ch == '\'' || ch == '"':
+			code = true
+			if j := strings.IndexByte(script[i+1:], ch); j >= 0 {
+				i += j + 1 // a doubled quote reads as two quoted pieces
+			} else {
+				i = len(script)
+			}
+		case ch == '$':
+			code = true
+			if tag := dollarTag.FindString(script[i:]); tag != "" {
+				if j := strings.Index(script[i+len(tag):], tag); j >= 0 {
+					i += len(tag) + j + len(tag) - 1
+				} else {
+					i = len(script)
+				}
+			}
+		case ch == ';':
+			flush(i)
+		case !unicode.IsSpace(rune(ch)):
+			code = true
+		}
+	}
+	flush(len(script))
+	return stmts
+}
+
+// dollarTag matches the opening of a dollar-quoted string: $$ or $tag$.
+var dollarTag = regexp.MustCompile(`^\$[A-Za-z_]*\$`)
+
+// stringArgs returns the text arguments of a statement (uuid.UUID arrives
+// as text).
+func stringArgs(args []driver.NamedValue) []string {
+	var out []string
+	for _, a := range args {
+		switch v := a.Value.(type) {
+		case string:
+			out = append(out, v)
+		case []byte:
+			out = append(out, string(v))
+		}
+	}
+	return out
+}
+
+// SQLSTATEs the emulation injects or reacts to.
+const (
+	codeSerializationFailure       = "40001"
+	codeStatementCompletionUnknown = "40003"
+	codeLockNotAvailable           = "55P03"
+	codeSchemaChangeAborted        = "XXA00" // CockroachDB: committed, but the schema change aborted
+)
+
+func injected(code, msg string) error {
+	return &pq.Error{Severity: "ERROR", Code: pqerror.Code(code), Message: msg}
+}
+
+func sqlState(err error) string {
+	var pe *pq.Error
+	if errors.As(err, &pe) {
+		return string(pe.Code)
+	}
+	return ""
+}

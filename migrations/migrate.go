@@ -1,0 +1,449 @@
+package migrations
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"time"
+
+	gomigrate "github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/database"
+	"github.com/golang-migrate/migrate/v4/database/cockroachdb"
+	"github.com/golang-migrate/migrate/v4/database/postgres"
+	gosource "github.com/golang-migrate/migrate/v4/source"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/lib/pq"
+	"k8s.io/klog/v2"
+
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
+	"github.com/bmdb-dev/bmdb/internal/store"
+)
+
+// Schemas are migrated by golang-migrate, one source after the other:
+// bmdb's own migrations (FS, version table schema_migrations), then the
+// application's, if Config.Application names one (version table
+// <name>_schema_migrations). Versions are read with a plain SELECT,
+// without any lock, so that any number of components can Open at once;
+// only when a source is behind (or looks dirty, which is what a migration
+// in progress looks like) does a Migrator take the migration lease
+// (lock.go), read again, and migrate.
+
+// SchemaBmdb names bmdb's own schema in SchemaVersion.Schema and
+// SchemaVersionError.Schema, and as the schema argument of Migrator.Down
+// and Migrator.Force. An Application cannot be named so.
+const SchemaBmdb = "bmdb"
+
+// source is one set of migrations.
+type source struct {
+	name     string // SchemaBmdb, or the Application's Name
+	fsys     fs.FS  // nil: the Migrator does not have the files (an application known only by its table)
+	table    string // golang-migrate's version table
+	versions []uint // the versions of fsys's up files, in order
+	latest   uint   // the newest of versions (0: no files)
+}
+
+// bmdbSource returns bmdb's own migrations.
+func bmdbSource() (*source, error) {
+	return newSource(SchemaBmdb, FS, "schema_migrations")
+}
+
+// versionTable names the version table of the application name.
+func versionTable(name string) string { return name + "_schema_migrations" }
+
+func newSource(name string, fsys fs.FS, table string) (*source, error) {
+	src, err := iofs.New(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", describe(name), err)
+	}
+	defer src.Close()
+	versions, err := listVersions(src)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("migrations: reading the migrations of %s: no NNNNNN_title.up.sql file: %w", describe(name), err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", describe(name), err)
+	}
+	return &source{name: name, fsys: fsys, table: table, versions: versions, latest: versions[len(versions)-1]}, nil
+}
+
+// tableOnly returns the source of an application this Migrator has no
+// files of, known only by its version table.
+func tableOnly(name string) *source {
+	return &source{name: name, table: versionTable(name)}
+}
+
+// sources returns bmdb's migrations and then, if app is not nil, the
+// application's.
+func sources(app *Application) ([]*source, error) {
+	own, err := bmdbSource()
+	if err != nil {
+		return nil, err
+	}
+	if app == nil {
+		return []*source{own}, nil
+	}
+	theirs, err := newSource(app.Name, app.Migrations, versionTable(app.Name))
+	if err != nil {
+		return nil, err
+	}
+	return []*source{own, theirs}, nil
+}
+
+// listVersions returns the migration versions in src, in order.
+func listVersions(src gosource.Driver) ([]uint, error) {
+	v, err := src.First()
+	if err != nil {
+		return nil, err
+	}
+	versions := []uint{v}
+	for {
+		next, err := src.Next(v)
+		if errors.Is(err, os.ErrNotExist) {
+			return versions, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		versions = append(versions, next)
+		v = next
+	}
+}
+
+// describe names src in errors.
+func (src *source) describe() string { return describe(src.name) }
+
+// describe names the schema name in errors.
+func describe(name string) string {
+	if name == SchemaBmdb {
+		return "bmdb's schema"
+	}
+	return "application " + name
+}
+
+// recorded is what a version table records.
+type recorded struct {
+	version uint // 0: none
+	dirty   bool
+}
+
+// readVersion reads src's version table without any lock. A missing table
+// is version 0.
+func readVersion(ctx context.Context, db *sql.DB, src *source) (recorded, error) {
+	var v int64
+	var dirty bool
+	err := db.QueryRowContext(ctx, "SELECT version, dirty FROM "+pq.QuoteIdentifier(src.table)+" LIMIT 1").Scan(&v, &dirty)
+	switch {
+	case errors.Is(err, sql.ErrNoRows) || dbconn.SQLState(err) == dbconn.CodeUndefinedTable:
+		return recorded{}, nil
+	case err != nil:
+		return recorded{}, fmt.Errorf("migrations: reading the version of %s (table %s): %w", src.describe(), src.table, dbconn.ContextError(ctx, err))
+	case v < 0:
+		return recorded{dirty: dirty}, nil // golang-migrate's "nil version", dirty
+	}
+	return recorded{version: uint(v), dirty: dirty}, nil
+}
+
+// versionError returns a *SchemaVersionError if v is newer than src or
+// older than it (a dirty v is dirtyError's), and nil if it is current.
+func (src *source) versionError(v recorded) error {
+	verr := &SchemaVersionError{Schema: src.name, Table: src.table, Database: v.version, Binary: src.latest}
+	switch {
+	case v.version > src.latest:
+		verr.Err = ErrSchemaTooNew
+	case v.version < src.latest:
+		verr.Err = ErrSchemaTooOld
+	default:
+		return nil
+	}
+	return verr
+}
+
+// checkNewerSchema accepts src's schema at version v > src.latest if each
+// migration in (latest, v] declared latest's binaries compatible.
+func checkNewerSchema(ctx context.Context, db *sql.DB, src *source, v uint) error {
+	tooNew := &SchemaVersionError{Err: ErrSchemaTooNew, Schema: src.name, Table: src.table, Database: v, Binary: src.latest}
+	var row store.SchemaCompatOldestRow
+	var err error
+	q := store.New(db)
+	if src.name == SchemaBmdb {
+		row, err = q.SchemaCompatOldest(ctx, store.SchemaCompatOldestParams{
+			KnownVersion: int64(src.latest), DatabaseVersion: int64(v),
+		})
+	} else {
+		var app store.AppSchemaCompatOldestRow
+		app, err = q.AppSchemaCompatOldest(ctx, store.AppSchemaCompatOldestParams{
+			Application: src.name, KnownVersion: int64(src.latest), DatabaseVersion: int64(v),
+		})
+		row = store.SchemaCompatOldestRow(app)
+	}
+	switch {
+	case dbconn.SQLState(err) == dbconn.CodeUndefinedTable: // nothing declared
+		tooNew.Reason = "the database records no compatibility declarations"
+		return tooNew
+	case err != nil:
+		return fmt.Errorf("migrations: reading the compatibility of %s: %w", src.describe(), dbconn.ContextError(ctx, err))
+	case row.Declared != int64(v-src.latest):
+		tooNew.Reason = fmt.Sprintf("only %d of the %d newer migrations declare their compatibility", row.Declared, v-src.latest)
+		return tooNew
+	case row.OldestCompatible > int64(src.latest):
+		tooNew.Reason = fmt.Sprintf("a newer migration needs binaries of version %d or later", row.OldestCompatible)
+		return tooNew
+	}
+	klog.Infof("migrations: %s at version %d, newer than this binary's %d; the newer migrations keep version %d working", src.describe(), v, src.latest, src.latest)
+	return nil
+}
+
+// acceptWithoutMigrating decides, from a lock-free read, whether src's
+// schema can be used as it is: it returns (true, nil) if so, (false, nil)
+// if it must be migrated under the lease, and an error if it is refused.
+func acceptWithoutMigrating(ctx context.Context, db *sql.DB, src *source, v recorded, apply bool) (bool, error) {
+	switch {
+	case !v.dirty && v.version > src.latest:
+		return true, checkNewerSchema(ctx, db, src, v.version)
+	case !apply && v.dirty:
+		return true, dirtyError(ctx, db, src, v)
+	case !apply:
+		return true, src.versionError(v)
+	case !v.dirty && v.version == src.latest:
+		return true, nil
+	}
+	// Behind, or dirty: a migration may be running right now; decide
+	// under the lease.
+	return false, nil
+}
+
+// target is a database to migrate and how to reach it.
+type target struct {
+	dsn string
+	// networkTimeout bounds connecting when the ctx has no deadline.
+	networkTimeout time.Duration
+	// wrap, if not nil, wraps lib/pq's connector of the migration pool
+	// (bmdb.Config.WrapConnector, Config.WrapConnector).
+	wrap func(driver.Connector) driver.Connector
+	// cockroach says that the server is CockroachDB (bmdb.Open has
+	// detected it; the Migrator's own entries detect it themselves): then
+	// the steps of that engine (cockroach.go) follow bmdb's migrations.
+	cockroach bool
+}
+
+// onOpen brings every source in srcs to its version (apply), or checks
+// that it is usable as it is; db is a pool on t, used for the lock-free
+// reads, and info names the caller in the lease. It migrates on mp if not
+// nil, else on a migration pool of its own.
+func onOpen(ctx context.Context, db *sql.DB, mp *migrationPool, t target, info string, apply bool, srcs []*source) error {
+	var behind []*source
+	for _, src := range srcs {
+		v, err := readVersion(ctx, db, src)
+		if err != nil {
+			return err
+		}
+		ok, err := acceptWithoutMigrating(ctx, db, src, v, apply)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			behind = append(behind, src)
+		}
+	}
+	stepPending := false
+	if apply && t.cockroach {
+		var err error
+		if stepPending, err = cockroachStepPending(ctx, db); err != nil {
+			return err
+		}
+	}
+	if len(behind) == 0 && !stepPending {
+		return nil
+	}
+	migrate := func(mp *migrationPool) error {
+		return mp.locked(ctx, info, func() error {
+			for _, src := range behind {
+				if err := mp.up(ctx, src); err != nil {
+					return err
+				}
+			}
+			return mp.applySteps(ctx)
+		})
+	}
+	if mp != nil {
+		return migrate(mp)
+	}
+	return withMigrationPool(ctx, t, migrate)
+}
+
+// migrationPool is a pool for migrating: its connections have no lock or
+// idle timeout (a migration waits for locks, bounded by ctx) and are cut
+// when the ctx it was opened with ends, since golang-migrate's drivers run
+// their statements under context.Background().
+type migrationPool struct {
+	db        *sql.DB
+	dsn       string
+	cockroach bool
+	conn      *dbconn.Connector
+}
+
+// withMigrationPool opens a migration pool on t within ctx, detects the
+// engine and runs fn.
+func withMigrationPool(ctx context.Context, t target, fn func(*migrationPool) error) error {
+	conn, err := dbconn.NewConnector(t.dsn, t.networkTimeout, dbconn.Settings{}, t.wrap)
+	if err != nil {
+		return err
+	}
+	conn.Bound(ctx)
+	db, err := dbconn.OpenPool(ctx, conn, t.dsn)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	cockroach, err := dbconn.IsCockroach(ctx, db, t.dsn)
+	if err != nil {
+		return err
+	}
+	return fn(&migrationPool{db: db, dsn: t.dsn, cockroach: cockroach, conn: conn})
+}
+
+// locked runs fn holding the migration lease.
+func (mp *migrationPool) locked(ctx context.Context, info string, fn func() error) error {
+	lock, err := acquireMigrationLock(ctx, mp.db, info)
+	if err != nil {
+		return dbconn.RedactError(err, mp.dsn)
+	}
+	defer lock.release()
+	return fn()
+}
+
+// noFiles is an empty file system: the source golang-migrate needs to
+// force a version of a schema the Migrator has no files of.
+type noFiles struct{}
+
+func (noFiles) Open(name string) (fs.File, error) {
+	return nil, &fs.PathError{Op: "open", Path: name, Err: fs.ErrNotExist}
+}
+
+func (noFiles) ReadDir(name string) ([]fs.DirEntry, error) {
+	if name == "." {
+		return nil, nil
+	}
+	return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrNotExist}
+}
+
+// migrator returns golang-migrate over src on mp. Close it when done. On
+// CockroachDB it uses golang-migrate's cockroachdb driver over a pool of
+// its own (which that driver closes), after clearing a lock row left
+// behind; on PostgreSQL its postgres driver over one connection.
+func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.Migrate, error) {
+	fsys := src.fsys
+	if fsys == nil {
+		fsys = noFiles{}
+	}
+	files, err := iofs.New(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", src.describe(), err)
+	}
+	var drv database.Driver
+	if mp.cockroach {
+		if err := clearCockroachDriverLock(ctx, mp.db); err != nil {
+			files.Close()
+			return nil, err
+		}
+		own := sql.OpenDB(mp.conn)
+		drv, err = cockroachdb.WithInstance(own, &cockroachdb.Config{MigrationsTable: src.table})
+		if err != nil {
+			own.Close()
+		}
+	} else {
+		var conn *sql.Conn
+		conn, err = mp.db.Conn(ctx)
+		if err == nil {
+			drv, err = postgres.WithConnection(ctx, conn, &postgres.Config{MigrationsTable: src.table})
+			if err != nil {
+				conn.Close()
+			}
+		}
+	}
+	if err != nil {
+		files.Close()
+		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
+	}
+	m, err := gomigrate.NewWithInstance("iofs", files, mp.engineName(), drv)
+	if err != nil {
+		drv.Close()
+		files.Close()
+		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), err)
+	}
+	m.Log = migrateLogger{}
+	return m, nil
+}
+
+// engineName names mp's engine for golang-migrate.
+func (mp *migrationPool) engineName() string {
+	if mp.cockroach {
+		return "CockroachDB"
+	}
+	return "PostgreSQL"
+}
+
+// closeMigrator closes m, logging what fails.
+func closeMigrator(m *gomigrate.Migrate) {
+	srcErr, dbErr := m.Close()
+	if err := errors.Join(srcErr, dbErr); err != nil {
+		klog.Warningf("migrations: closing migrator: %v", err)
+	}
+}
+
+// run runs step (Up, Steps, ...) on src's migrator, stopping between
+// migrations when ctx ends (a migration cut short by ctx is left dirty by
+// golang-migrate).
+func (mp *migrationPool) run(ctx context.Context, src *source, step func(*gomigrate.Migrate) error) error {
+	m, err := mp.migrator(ctx, src)
+	if err != nil {
+		return err
+	}
+	defer closeMigrator(m)
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case m.GracefulStop <- true:
+		default:
+		}
+	})
+	defer stop()
+	err = step(m)
+	if err == nil || errors.Is(err, gomigrate.ErrNoChange) {
+		return nil
+	}
+	var dirty gomigrate.ErrDirty
+	if errors.As(err, &dirty) {
+		return dirtyError(ctx, mp.db, src, recorded{version: uint(dirty.Version), dirty: true})
+	}
+	return fmt.Errorf("migrations: migrating %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
+}
+
+// up migrates src to its newest version, under the lease: it reads the
+// version again, recovers or refuses a dirty one, refuses a too new one,
+// and applies what is missing.
+func (mp *migrationPool) up(ctx context.Context, src *source) error {
+	v, err := readVersion(ctx, mp.db, src)
+	if err != nil {
+		return err
+	}
+	switch {
+	case v.dirty:
+		return mp.recoverDirty(ctx, src, v)
+	case v.version > src.latest:
+		return checkNewerSchema(ctx, mp.db, src, v.version)
+	case v.version == src.latest:
+		return nil
+	}
+	klog.Infof("migrations: migrating %s from version %d to %d", src.describe(), v.version, src.latest)
+	return mp.run(ctx, src, (*gomigrate.Migrate).Up)
+}
+
+// migrateLogger sends golang-migrate's log to klog.
+type migrateLogger struct{}
+
+func (migrateLogger) Printf(format string, v ...any) { klog.V(2).Infof("migrate: "+format, v...) }
+func (migrateLogger) Verbose() bool                  { return klog.V(2).Enabled() }
