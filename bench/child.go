@@ -56,9 +56,12 @@ type childResult struct {
 	Items int64  `json:"items"` // machines finished / River jobs completed by this process
 	Error string `json:"error,omitempty"`
 	// bmdb only: worker.Stats.
-	Polls, Claimed, Conflicts, Lost, Failed int64
+	Polls, Claimed, Conflicts, Lost, Failed, NothingToDo, PollSleeps int64
 	// bmdb only: bmdb.Connection.Stats.
 	TxAttempts, TxRetries, TxCommitRetries, TxConnectionRetries int64
+	// bmdb only: Stats.ClaimsStale, claim attempts rerun because another
+	// transaction claimed or ended a candidate after their snapshot.
+	ClaimsStale int64
 	// bmdb only: calls of the application's retrieval, and those that
 	// returned no candidate (the transaction then claims nothing: a
 	// nothing-to-do result, or one attempt of a retried transaction).
@@ -207,10 +210,12 @@ func (b *bmdbChild) stop() error {
 	r := b.res
 	r.Items = ls.Finished
 	r.Polls, r.Claimed, r.Conflicts, r.Lost, r.Failed = ls.Polls, ls.Claimed, ls.Conflicts, ls.Lost, ls.Failed
+	r.NothingToDo, r.PollSleeps = ls.NothingToDo, ls.PollSleeps
 	r.TxAttempts = cs.TxAttempts - b.before.TxAttempts
 	r.TxRetries = cs.TxRetries - b.before.TxRetries
 	r.TxCommitRetries = cs.TxCommitRetries - b.before.TxCommitRetries
 	r.TxConnectionRetries = cs.TxConnectionRetries - b.before.TxConnectionRetries
+	r.ClaimsStale = cs.ClaimsStale - b.before.ClaimsStale
 	r.Retrieves, r.EmptyRetrieves = b.retr.Load(), b.empty.Load()
 	var err error
 	r.ClaimBuckets, err = histogramBuckets(b.reg, "bmdb_claim_duration_seconds")

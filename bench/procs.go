@@ -84,20 +84,17 @@ func (r procRun) share() float64 {
 	return float64(least.Items) / max(mean, 1)
 }
 
-// claimTx returns the committed claim transactions of child c, and sleeps
-// its poll sleeps: worker.Loop sleeps after every claim call that claimed
-// nothing.
-func (r procRun) claimTx(c childResult) (txs, sleeps int64) {
-	txs = r.claimTxs[c.Name]
-	return txs, c.Polls - txs
-}
+// claimTx returns the committed claim transactions of child c: one Work
+// call may commit several (a batch that reruns its stale claims), and
+// one transaction serves several calls.
+func (r procRun) claimTx(c childResult) int64 { return r.claimTxs[c.Name] }
 
-// sleeps is the poll sleeps of every child.
-func (r procRun) sleeps(c childResult) int64 { _, s := r.claimTx(c); return s }
+// sleeps is a child's poll sleeps (worker.Stats.PollSleeps).
+func (r procRun) sleeps(c childResult) int64 { return c.PollSleeps }
 
-// nothing is a child's claim calls that claimed nothing and were not a
-// conflict: ErrNothingToDo, or another error (logged as a warning).
-func (r procRun) nothing(c childResult) int64 { return r.sleeps(c) - c.Conflicts }
+// nothing is a child's claim calls that returned ErrNothingToDo
+// (worker.Stats.NothingToDo).
+func (r procRun) nothing(c childResult) int64 { return c.NothingToDo }
 
 // claimP99 is the bucket bound under which 99 % of the run's claims took.
 func (r procRun) claimP99() string {
@@ -600,7 +597,7 @@ func (pb *procsBench) diagnose(out io.Writer, row procRow) {
 		"tx attempts", "retries", "commit retries", "40001", "40P01", "55P03", "other errors", "claim p99")
 	mean := float64(b.items) / float64(max(len(b.children), 1))
 	for _, c := range b.children {
-		txs, sleeps := b.claimTx(c)
+		txs, sleeps := b.claimTx(c), b.sleeps(c)
 		e40, e40p, e55, other := "-", "-", "-", "-"
 		if b.errs != nil {
 			m := b.errs.byProcess[c.Name]

@@ -60,7 +60,7 @@ func runSpread(ctx context.Context, cfg config, dsn string, conn *bmdb.Connectio
 // diagnosis.
 func (pb *procsBench) printSpread(out io.Writer) {
 	t := newTable(out, "N", "K", "bmdb items/s", "River no-op/s", "River tx/s", "bmdb/River tx", "bmdb/River no-op",
-		"bmdb K/K=1", "River tx K/K=1", "retries/item", "bmdb share", "River no-op share", "River tx share", "claim p99", "warnings")
+		"bmdb K/K=1", "River tx K/K=1", "retries/item", "stale/item", "bmdb share", "River no-op share", "River tx share", "claim p99", "warnings")
 	for _, row := range pb.rows {
 		n := row.n * row.k
 		b, _ := pb.medianRun(procKey{sysBmdb, row})
@@ -75,7 +75,7 @@ func (pb *procsBench) printSpread(out io.Writer) {
 		}
 		t.row(fmt.Sprint(n), fmt.Sprint(row.k), f0(b.rate()), f0(rp.rate()), f0(rt.rate()),
 			ratio(b.rate(), rt.rate()), ratio(b.rate(), rp.rate()), scale(sysBmdb, b), scale(sysRiverPgxTx, rt),
-			b.perItem(func(c childResult) int64 { return c.TxRetries }),
+			b.perItem(func(c childResult) int64 { return c.TxRetries }), b.perItem(func(c childResult) int64 { return c.ClaimsStale }),
 			f2(b.share()), f2(rp.share()), f2(rt.share()), b.claimP99(), fmt.Sprint(b.warnings))
 	}
 	t.flush()
