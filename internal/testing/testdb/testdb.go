@@ -305,7 +305,7 @@ func WithApplicationName(t testing.TB, dsn, app string) string {
 
 // Statements of KillConnections and Connections, per engine.
 const (
-	pgKillSQL = `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	pgKillSQL = `SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity
 WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_name = $1`
 	pgCountSQL    = `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`
 	crdbCountSQL  = `SELECT count(*) FROM [SHOW CLUSTER SESSIONS] WHERE application_name = $1`
@@ -314,8 +314,9 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND application_n
 
 // KillConnections ends the server side of every connection to the test
 // database whose application_name is app, as a restart would: with
-// pg_terminate_backend on PostgreSQL, CANCEL SESSIONS on CockroachDB. It
-// returns how many it ended.
+// pg_terminate_backend on PostgreSQL, which waits (up to 5 s) for each
+// backend to exit, so that the next statement on a killed connection
+// fails; CANCEL SESSIONS on CockroachDB. It returns how many it ended.
 func KillConnections(ctx context.Context, db *sql.DB, app string) (int64, error) {
 	if !cockroach {
 		var n int64
