@@ -332,7 +332,8 @@ func (bb *batchBound) stop() {
 // attempt is one attempt of a batch's transaction: the claims first, right
 // after the snapshot that their retrievals read (the session check follows
 // the first claim statement), then the ends, then claims of the machines
-// those ends freed, then the last check before COMMIT.
+// those ends freed, then the last check before COMMIT, which is the last
+// claim or Finish statement's own if one of them came last (checks).
 func (b *batcher) attempt(ctx context.Context, tx *Tx, claims, ends []*request) error {
 	s := b.s
 	for _, r := range claims {
@@ -341,30 +342,32 @@ func (b *batcher) attempt(ctx context.Context, tx *Tx, claims, ends []*request) 
 	for _, r := range ends {
 		r.suspect, r.panicked = false, nil
 	}
-	var c *claimPass
+	c := &checks{}
+	var cp *claimPass
 	if len(claims) > 0 {
-		c = b.newClaimPass(claims)
-		if err := c.run(ctx, tx); err != nil {
+		cp = b.newClaimPass(claims, c)
+		if err := cp.run(ctx, tx); err != nil {
 			return err
 		}
 	}
-	if c == nil || !c.checked {
+	if !c.first {
 		if err := s.check(ctx, tx); err != nil {
 			return err
 		}
+		c.first = true
 	}
 	if len(ends) > 0 {
-		freed, err := s.endInTx(ctx, tx, b.process, ends)
+		freed, err := s.endInTx(ctx, tx, b.process, ends, c)
 		if err != nil {
 			return err
 		}
-		if c != nil {
-			if err := c.claimFreed(ctx, tx, freed); err != nil {
+		if cp != nil {
+			if err := cp.claimFreed(ctx, tx, freed); err != nil {
 				return err
 			}
 		}
 	}
-	return s.checkBeforeCommit(ctx, tx)
+	return s.checkBeforeCommit(ctx, tx, c)
 }
 
 // settle is the failure policy: it replies to every request of a batch

@@ -40,17 +40,17 @@ type claimPass struct {
 	reqs       []*request
 	candidates [][]uuid.UUID      // each request's, distinct, in its order
 	used       map[uuid.UUID]bool // candidates tried
-	checked    bool               // a claim statement has checked the session
+	checks     *checks            // the attempt's session checks
 }
 
-func (b *batcher) newClaimPass(reqs []*request) *claimPass {
-	return &claimPass{b: b, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{}}
+func (b *batcher) newClaimPass(reqs []*request, c *checks) *claimPass {
+	return &claimPass{b: b, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{}, checks: c}
 }
 
 // run runs every request's retrieve, and hands their candidates to the
-// fencer; then, in rounds of one multi-row statement, claims for each the
-// first of its candidates that no other request took and that are free,
-// up to its limit (the first statement is also the session check, so that
+// fencer; then, in rounds of one statement, claims for each the first of
+// its candidates that no other request took and that are free, up to its
+// limit (the first statement is also the session check, so that
 // the retrievals' snapshot is as fresh as can be when the candidates are
 // locked); then takes a claim of an expired session over for each
 // request left with none. A request's ErrNothingToDo, ErrWorkConflict or
@@ -77,42 +77,51 @@ func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 	if err := p.rounds(ctx, tx, func(uuid.UUID) bool { return true }); err != nil {
 		return err
 	}
-	if !p.checked {
+	if !p.checks.first {
 		if err := b.s.check(ctx, tx); err != nil {
 			return err
 		}
-		p.checked = true
+		p.checks.first = true
 	}
 	return p.takeOvers(ctx, tx)
 }
 
 // rounds claims, in rounds of one statement, for each request the first
 // of its untried candidates (among those may allows) that are free, up to
-// its limit.
+// its limit. A request alone offers the statement all its candidates, of
+// which it claims the first free ones up to the limit, in one round; of
+// several, each offers as many as it needs, and the next round the next
+// ones, so that each gets its own.
 func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool) error {
 	next := make([]int, len(p.reqs))
 	for {
 		var picks []uuid.UUID
 		owner := map[uuid.UUID]*claimRequest{}
+		want := 0
 		for i, r := range p.reqs {
-			for need := r.claim.limit - len(r.claim.claims); need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
+			need := r.claim.limit - len(r.claim.claims)
+			want += max(need, 0)
+			offer := need
+			if len(p.reqs) == 1 {
+				offer = len(p.candidates[i])
+			}
+			for ; offer > 0 && need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
 				m := p.candidates[i][next[i]]
 				if p.used[m] || !may(m) {
 					continue
 				}
 				p.used[m], owner[m] = true, r.claim
 				picks = append(picks, m)
-				need--
+				offer--
 			}
 		}
 		if len(picks) == 0 {
 			return nil
 		}
-		got, err := p.b.s.claimMany(ctx, tx, p.b.process, picks)
+		got, err := p.b.s.claimMany(ctx, tx, p.b.process, picks, min(want, len(picks)), p.checks)
 		if err != nil {
 			return err
 		}
-		p.checked = true
 		for _, c := range got {
 			owner[c.machine].claims = append(owner[c.machine].claims, c)
 		}
@@ -140,7 +149,7 @@ func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
 				rest = append(rest, m)
 			}
 		}
-		got, abandoned, unfenced, err := s.takeOverFirst(ctx, tx, process, rest)
+		got, abandoned, unfenced, err := s.takeOverFirst(ctx, tx, process, rest, p.checks)
 		switch {
 		case err == nil:
 			c.claims, c.abandoned = []claim{got}, abandoned
@@ -189,10 +198,12 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 	return nil
 }
 
-// claimMany claims, with one WorkClaimMany, each of machines that is
-// neither claimed for process nor in backoff for it, and returns the claims
-// made, in the order of machines. The statement checks the session too (as
-// Session.check does): it fails with the session's error if it has ended.
+// claimMany claims, with one WorkClaimMany, up to limit of machines (the
+// first, in their order) that are neither claimed for process nor in
+// backoff for it nor being claimed or ended by another transaction, and
+// returns the claims made, in the order of machines. The statement checks
+// the session too (checked, c): it fails with the session's error if it
+// has ended.
 //
 // Under snapshot isolation (PostgreSQL's REPEATABLE READ) the statement
 // fails with 40001 if one of machines was claimed or ended by a
@@ -200,9 +211,11 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 // wins: WorkClaimMany): a retrieval that read before that commit returned
 // it. claimMany returns that as errStale: the attempt runs again, at once,
 // with a snapshot that sees the commit, and its retrievals do too.
-func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID) ([]claim, error) {
+func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID, limit int, c *checks) ([]claim, error) {
+	c.last = false
 	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
 		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+		MaxClaims: int64(limit), MaxIdleMs: s.maxIdleMs(),
 	})
 	switch {
 	case err == nil:
@@ -212,12 +225,8 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 	default:
 		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
 	}
-	if len(rows) == 0 || !rows[0].Alive { // the statement is the session check too
-		s.expire()
-		return nil, context.Cause(s.ctx)
-	}
-	if hook := s.conn.hooks.afterSessionCheck; hook != nil {
-		hook(s.id)
+	if err := s.checked(c, len(rows) > 0 && rows[0].Alive); err != nil { // the statement is a session check too
+		return nil, err
 	}
 	byMachine := make(map[uuid.UUID]claim, len(rows))
 	for _, r := range rows {
@@ -246,10 +255,11 @@ var errStale = fmt.Errorf("%w: a candidate was claimed or ended after the snapsh
 // returns), ErrUnknownMachine if one is not a machine. It reads the
 // candidates' states in one statement, and returns the processes of the
 // claims it ended as Abandoned.
-func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) (_ claim, abandoned []string, unfenced []uuid.UUID, _ error) {
+func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, c *checks) (_ claim, abandoned []string, unfenced []uuid.UUID, _ error) {
 	if len(candidates) == 0 {
 		return claim{}, nil, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 	}
+	c.last = false
 	states, err := tx.q.WorkClaimStates(ctx, store.WorkClaimStatesParams{MachineIds: candidates, Process: process})
 	if err != nil {
 		return claim{}, nil, nil, fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
@@ -280,7 +290,7 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 			conflict = true
 			continue
 		}
-		got, err := s.claimMany(ctx, tx, process, []uuid.UUID{machine})
+		got, err := s.claimMany(ctx, tx, process, []uuid.UUID{machine}, 1, c)
 		if err != nil {
 			return claim{}, nil, nil, err
 		}

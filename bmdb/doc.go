@@ -28,9 +28,10 @@
 // Isolation); each reads the session row and checks deadline >
 // statement_timestamp() before its first write (a batch that claims does
 // it in its first claim statement), and, as its last statement before
-// COMMIT, checks the local deadline and the database clock again; Finish,
-// Cancel and Fail also delete their claim only if this session still
-// holds it. A takeover or GC deletes the superseded session's row, and
+// COMMIT, checks the local deadline and the database clock again (a
+// batch's last claim or Finish statement does it as it runs, when it
+// comes last, after the commit callbacks); Finish, Cancel and Fail also
+// delete their claim only if this session still holds it. A takeover or GC deletes the superseded session's row, and
 // that write orders it against every open transaction of the session, by
 // a mechanism that differs by engine:
 //

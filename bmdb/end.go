@@ -54,6 +54,7 @@ type endRequest struct {
 	commit  func(tx *Tx) error // Finish without CommitShared
 	batch   *SharedCommit      // Finish with CommitShared
 	err     error              // the outcome: ErrWorkLost if the claim was gone
+	gone    bool               // an attempt found the claim gone: so are the later ones'
 }
 
 // recordEnd counts a committed end in the metrics.
@@ -68,38 +69,36 @@ func (s *Session) recordEnd(r *endRequest) {
 }
 
 // endInTx is the ends' part of a batch's transaction, all for process: one
-// multi-row statement per kind of end (Finished, Failed, Canceled) deletes
-// the claims the session still holds, with their history; finished claims'
-// backoffs are cleared and failed ones' set; then the commit callbacks of
-// the finished Works run, a SharedCommit once for all its Works. It returns
-// the machines whose claims it ended.
-func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*request) (ended []uuid.UUID, _ error) {
+// multi-row statement per kind of end (Failed, Canceled, then Finished)
+// deletes the claims the session still holds, with their history; failed
+// claims' backoffs are set and finished ones' cleared. The commit callbacks
+// of the Finishes run before their statement, a SharedCommit once for all
+// its Works, so that the statement, which checks the session (checked, c),
+// is the last of the attempt. A Finish whose claim the statement finds
+// gone has its callback's writes in the transaction: it is marked lost for
+// good and the attempt runs again (errLostFinish), without its callback.
+// It returns the machines whose claims it ended.
+func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*request, c *checks) (ended []uuid.UUID, _ error) {
 	kinds := map[store.WorkHistoryEvent][]*request{}
 	for _, r := range reqs {
 		r.end.err = nil
-		kinds[r.end.event] = append(kinds[r.end.event], r)
-	}
-	if rs := kinds[store.WorkHistoryEventFinished]; len(rs) > 0 {
-		machines, claims := claimKeys(rs)
-		done, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
-			MachineIds: machines, ClaimIds: claims, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("bmdb: finishing %d claims of %q: %w", len(rs), process, err)
+		if r.end.gone {
+			r.end.err = r.end.w.lostError()
 		}
-		markLost(rs, done)
+		kinds[r.end.event] = append(kinds[r.end.event], r)
 	}
 	for _, event := range []store.WorkHistoryEvent{store.WorkHistoryEventFailed, store.WorkHistoryEventCanceled} {
 		if rs := kinds[event]; len(rs) > 0 {
+			c.last = false
 			if err := s.stopClaims(ctx, tx, process, event, rs); err != nil {
 				return nil, err
 			}
 		}
 	}
-	if err := s.applyBackoffs(ctx, tx, process, kinds[store.WorkHistoryEventFailed]); err != nil {
+	if err := s.applyBackoffs(ctx, tx, process, kinds[store.WorkHistoryEventFailed], c); err != nil {
 		return nil, err
 	}
-	if err := commitEnds(tx, kinds[store.WorkHistoryEventFinished]); err != nil {
+	if err := s.finishClaims(ctx, tx, process, kinds[store.WorkHistoryEventFinished], c); err != nil {
 		return nil, err
 	}
 	for _, r := range reqs {
@@ -108,6 +107,48 @@ func (s *Session) endInTx(ctx context.Context, tx *Tx, process string, reqs []*r
 		}
 	}
 	return ended, nil
+}
+
+// errLostFinish ends an attempt in which a Finish's commit callback ran
+// but its claim was found gone: its writes must not commit.
+var errLostFinish = fmt.Errorf("%w: a Finish's claim was gone after its commit ran", errRerun)
+
+// finishClaims runs the commit callbacks of the Finishes reqs not known
+// to be lost, then ends their claims as Finished with one WorkFinishMany,
+// which checks the session.
+func (s *Session) finishClaims(ctx context.Context, tx *Tx, process string, reqs []*request, c *checks) error {
+	var live []*request
+	for _, r := range reqs {
+		if !r.end.gone {
+			live = append(live, r)
+		}
+	}
+	if len(live) == 0 {
+		return nil
+	}
+	c.last = false
+	if err := commitEnds(tx, live); err != nil {
+		return err
+	}
+	machines, claims := claimKeys(live)
+	rows, err := tx.q.WorkFinishMany(ctx, store.WorkFinishManyParams{
+		MachineIds: machines, ClaimIds: claims, Process: process, SessionID: s.id,
+		ComponentName: s.conn.cfg.ComponentName, MaxIdleMs: s.maxIdleMs(),
+	})
+	if err != nil {
+		return fmt.Errorf("bmdb: finishing %d claims of %q: %w", len(live), process, err)
+	}
+	if err := s.checked(c, len(rows) > 0 && rows[0].Alive); err != nil {
+		return err
+	}
+	done := make([]uuid.NullUUID, len(rows))
+	for i, row := range rows {
+		done[i] = row.ClaimID
+	}
+	if markLost(live, done) {
+		return errLostFinish
+	}
+	return nil
 }
 
 // stopClaims ends claims as Failed or Canceled, with their causes, in one
@@ -131,7 +172,7 @@ func (s *Session) stopClaims(ctx context.Context, tx *Tx, process string, event 
 
 // applyBackoffs puts the held failed claims with a Backoff in backoff, each
 // grown from its machine's previous interval, in one statement.
-func (s *Session) applyBackoffs(ctx context.Context, tx *Tx, process string, fails []*request) error {
+func (s *Session) applyBackoffs(ctx context.Context, tx *Tx, process string, fails []*request, c *checks) error {
 	var backed []*endRequest
 	for _, r := range fails {
 		if r.end.err == nil && r.end.backoff != nil {
@@ -141,6 +182,7 @@ func (s *Session) applyBackoffs(ctx context.Context, tx *Tx, process string, fai
 	if len(backed) == 0 {
 		return nil
 	}
+	c.last = false
 	ids := make([]uuid.UUID, len(backed))
 	for i, r := range backed {
 		ids[i] = r.w.machine
@@ -166,16 +208,15 @@ func (s *Session) applyBackoffs(ctx context.Context, tx *Tx, process string, fai
 	return nil
 }
 
-// commitEnds runs the commit callbacks of the finished Works still held:
-// each Finish's own, and each SharedCommit once with its Works. An error
-// names the machine (or the number of machines) and the process.
+// commitEnds runs the commit callbacks of the finished Works: each
+// Finish's own, and each SharedCommit once with its Works. An error names
+// the machine (or the number of machines) and the process.
 func commitEnds(tx *Tx, finished []*request) error {
 	var batches []*SharedCommit
 	members := map[*SharedCommit][]*request{}
 	for _, r := range finished {
 		e := r.end
 		switch {
-		case e.err != nil:
 		case e.batch != nil:
 			if members[e.batch] == nil {
 				batches = append(batches, e.batch)
@@ -213,16 +254,22 @@ func claimKeys(reqs []*request) (machines, claims []uuid.UUID) {
 }
 
 // markLost gives ErrWorkLost to the ends whose claim is not among the
-// claim ids an end statement returned. Claims, not machines: a session may
-// end a stale Work and a newer claim of the same machine in one batch.
-func markLost(reqs []*request, ended []uuid.NullUUID) {
+// claim ids an end statement returned, marks them gone for the batch's
+// later attempts, and reports whether it found one. Claims, not machines:
+// a session may end a stale Work and a newer claim of the same machine in
+// one batch.
+func markLost(reqs []*request, ended []uuid.NullUUID) bool {
 	set := make(map[uuid.UUID]bool, len(ended))
 	for _, c := range ended {
-		set[c.UUID] = true
-	}
-	for _, r := range reqs {
-		if !set[r.end.w.claimID] {
-			r.end.err = r.end.w.lostError()
+		if c.Valid {
+			set[c.UUID] = true
 		}
 	}
+	lost := false
+	for _, r := range reqs {
+		if !set[r.end.w.claimID] {
+			r.end.err, r.end.gone, lost = r.end.w.lostError(), true, true
+		}
+	}
+	return lost
 }

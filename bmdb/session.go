@@ -239,7 +239,7 @@ func (s *Session) transact(ctx context.Context, opts *sql.TxOptions, fn func(tx 
 		if err := fn(tx); err != nil {
 			return err
 		}
-		return s.checkBeforeCommit(ctx, tx)
+		return s.checkBeforeCommit(ctx, tx, nil)
 	})
 }
 
@@ -278,32 +278,80 @@ func (s *Session) check(ctx context.Context, tx *Tx) error {
 // again, with a new snapshot.
 var errStaleLease = errors.New("bmdb: transaction outlived the session deadline it saw")
 
+// checks are the session checks of one attempt of a batch's transaction.
+// Two of bmdb's batch statements check the session as they run
+// (WorkClaimMany, WorkFinishMany: alive at that statement, and the idle
+// timeout lowered to the lease left, as SessionCheckBeforeCommit does), so
+// that an attempt whose last statement is one of them needs no statement
+// of its own before COMMIT. Owned by the batch's goroutine.
+type checks struct {
+	first bool // a statement of the attempt has checked the session
+	last  bool // the last statement run checked it; nothing ran since
+}
+
+// checked applies what a statement that checked the session found. Alive:
+// nil. Not alive at the attempt's first check: the session has ended on
+// the database clock. At a later one: as in checkBeforeCommit.
+func (s *Session) checked(c *checks, alive bool) error {
+	if !alive {
+		if !c.first {
+			s.expire()
+			return context.Cause(s.ctx)
+		}
+		return s.staleLease()
+	}
+	if !c.first {
+		c.first = true
+		if hook := s.conn.hooks.afterSessionCheck; hook != nil {
+			hook(s.id)
+		}
+	}
+	c.last = true
+	return nil
+}
+
+// staleLease is the error of a check, after the first of its transaction,
+// that found the session past the deadline the transaction's snapshot
+// holds: the session's own error if it has ended locally too; otherwise a
+// heartbeat extended it after the snapshot was taken, and the transaction
+// runs again (errStaleLease).
+func (s *Session) staleLease() error {
+	if err := s.alive(); err != nil {
+		return err
+	}
+	return errStaleLease
+}
+
+// maxIdleMs is the idle-in-transaction timeout a check sets: the time the
+// session has left, at most the connections' own (SessionInterval), at
+// least 1 ms.
+func (s *Session) maxIdleMs() int64 {
+	left := time.Until(*s.localDeadline.Load())
+	return max(min(left, s.conn.settings.IdleInTransaction).Milliseconds(), 1)
+}
+
 // checkBeforeCommit is the last liveness check, right before COMMIT: the
 // local deadline first, then the database clock, which also lowers the
 // server's idle-in-transaction timeout to the time the session has left.
 // So a transaction that passes it commits within one round trip, or, if
 // the client stalls before COMMIT, is ended by the server at the deadline:
-// no transaction of a session commits after its deadline.
-func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
+// no transaction of a session commits after its deadline. If c says the
+// attempt's last statement checked the database clock, only the local
+// deadline is checked again.
+func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx, c *checks) error {
 	if err := s.alive(); err != nil {
 		return err
 	}
-	left := time.Until(*s.localDeadline.Load())
-	maxIdle := min(left, s.conn.settings.IdleInTransaction)
-	_, err := tx.q.SessionCheckBeforeCommit(ctx, store.SessionCheckBeforeCommitParams{
-		SessionID: s.id, MaxIdleMs: max(maxIdle.Milliseconds(), 1),
-	})
-	switch {
-	case errors.Is(err, sql.ErrNoRows):
-		// The deadline this transaction's snapshot holds has passed, but
-		// the local one (never later than the database's) has not: a
-		// heartbeat extended the session after the snapshot was taken.
-		if err := s.alive(); err != nil {
-			return err
+	if c == nil || !c.last {
+		_, err := tx.q.SessionCheckBeforeCommit(ctx, store.SessionCheckBeforeCommitParams{
+			SessionID: s.id, MaxIdleMs: s.maxIdleMs(),
+		})
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return s.staleLease()
+		case err != nil:
+			return fmt.Errorf("bmdb: checking session before commit: %w", err)
 		}
-		return errStaleLease
-	case err != nil:
-		return fmt.Errorf("bmdb: checking session before commit: %w", err)
 	}
 	if hook := s.conn.hooks.beforeCommit; hook != nil {
 		hook(s.id)

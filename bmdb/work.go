@@ -146,7 +146,9 @@ func (s *Session) WorkMany(ctx context.Context, process string, limit int, retri
 // of the work, e.g. sets the application's tag for the machine. If the claim
 // is gone (taken over after expiry, or removed with the session) Finish
 // returns ErrWorkLost, or ErrSessionExpired, and commit does not take
-// effect. Finish, Cancel and Fail share their transaction with the
+// effect (it runs before the claim's statement, which is the check before
+// COMMIT: if that finds the claim gone, the attempt is rolled back and
+// runs again without it). Finish, Cancel and Fail share their transaction with the
 // session's other claims and ends of the process (see "Batches" in the
 // package doc): each returns its own outcome, and nil only once that
 // transaction committed.

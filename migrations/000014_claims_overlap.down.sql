@@ -10,3 +10,4 @@ DELETE FROM work_fencing WHERE token = 0;
 ALTER TABLE work_fencing DROP CONSTRAINT IF EXISTS work_fencing_token_check;
 ALTER TABLE work_fencing ADD CONSTRAINT work_fencing_token_check CHECK (token > 0);
 ALTER TABLE work_fencing DROP COLUMN IF EXISTS version;
+ALTER TABLE work_fencing DROP COLUMN IF EXISTS claimed;

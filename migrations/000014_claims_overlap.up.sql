@@ -11,7 +11,8 @@
 --     row, which retrievals, foreign keys and operators read (on
 --     CockroachDB an exclusive lock also blocks plain reads);
 --   - it is created before the pair's first claim, outside any claim
---     transaction, with token 0 (no claim yet), so token may now be 0.
+--     transaction, with token 0 (no claim yet), so token may now be 0;
+--   - claimed says whether the pair has a live claim (see below).
 -- See "Isolation" in bmdb's package doc.
 --
 -- Compatibility: breaking for binaries before 000014 (oldest_compatible
@@ -22,6 +23,12 @@
 --
 -- bmdb:rerunnable (safe to run again from any partial state; see migrations.go)
 ALTER TABLE work_fencing ADD COLUMN IF NOT EXISTS version INT8 NOT NULL DEFAULT 0;
+
+-- Whether the pair has a live claim, as its last claim or end wrote it: a
+-- hint that lets a claim skip claimed pairs without reading the work
+-- table, whose key stays the arbiter. Pairs claimed when this runs read
+-- FALSE until their end; a claim then finds their work row and skips them.
+ALTER TABLE work_fencing ADD COLUMN IF NOT EXISTS claimed BOOLEAN NOT NULL DEFAULT FALSE;
 
 -- 000009's CHECK (token > 0), by the name each engine gave it.
 ALTER TABLE work_fencing DROP CONSTRAINT IF EXISTS work_fencing_token_check;

@@ -19,7 +19,7 @@ WITH gone AS (
     WHERE work.session_id = ANY ($1::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM gone WHERE f.machine_id = gone.machine_id AND f.process = gone.process
     RETURNING f.machine_id
 )
@@ -63,34 +63,42 @@ func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.U
 
 const workClaimMany = `-- name: WorkClaimMany :many
 WITH live AS (
-    SELECT s.session_id FROM sessions s
-    WHERE s.session_id = $1::UUID AND s.deadline > statement_timestamp()
+    SELECT s.session_id,
+           set_config('idle_in_transaction_session_timeout',
+               GREATEST(1, LEAST($1::INT8,
+                   (EXTRACT(EPOCH FROM (s.deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
+               true) AS idle_timeout
+    FROM sessions s
+    WHERE s.session_id = $2::UUID AND s.deadline > statement_timestamp()
     FOR KEY SHARE
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $2::TEXT AND f.machine_id = ANY ($3::UUID[])
+    WHERE f.process = $3::TEXT AND f.machine_id = ANY ($4::UUID[])
       AND EXISTS (SELECT 1 FROM live)
-    ORDER BY f.machine_id
+      AND (NOT f.claimed OR NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
+      ))
+      AND NOT EXISTS (
+          SELECT 1 FROM work_backoff b
+          WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
+      )
+    ORDER BY array_position($4::UUID[], f.machine_id)
+    LIMIT $5::INT8
     FOR UPDATE SKIP LOCKED
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
-    SELECT locked.machine_id, $2::TEXT, $1::UUID, statement_timestamp()
+    SELECT locked.machine_id, $3::TEXT, $2::UUID, statement_timestamp()
     FROM locked
-    WHERE NOT EXISTS (
-        SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = locked.machine_id AND b.process = $2::TEXT
-          AND b.until > now()
-    )
     ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
-    UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1
+    UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1, claimed = TRUE
     FROM claim WHERE f.machine_id = claim.machine_id AND f.process = claim.process
     RETURNING f.machine_id, f.token
 ), started AS (
     INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
     SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-           $4::TEXT, claim.claim_id, fence.token
+           $6::TEXT, claim.claim_id, fence.token
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
@@ -99,9 +107,11 @@ FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
 type WorkClaimManyParams struct {
+	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
 	MachineIds    []uuid.UUID
+	MaxClaims     int64
 	ComponentName string
 }
 
@@ -112,23 +122,30 @@ type WorkClaimManyRow struct {
 	FencingToken sql.NullInt64
 }
 
-// WorkClaimMany claims, in one statement, each of machine_ids that is
-// neither claimed for process nor in backoff for it, records Started for
-// each with its fencing token (one more than the previous claim's), and
-// returns the claimed machines with their claim ids and tokens. Like every
-// claim and end statement, it dates its rows by statement_timestamp(), not
-// by the transaction's start: sorted by time, a machine's history is the
-// order of its events.
+// WorkClaimMany claims, in one statement, up to max_claims of machine_ids
+// (in their order) that are neither claimed for process nor in backoff for
+// it, records Started for each with its fencing token (one more than the
+// previous claim's), and returns the claimed machines with their claim ids
+// and tokens. Like every claim and end statement, it dates its rows by
+// statement_timestamp(), not by the transaction's start: sorted by time, a
+// machine's history is the order of its events.
 //
 // It claims through each pair's work_fencing row, which every claim and
 // every end of the pair writes (this statement, WorkFinishMany,
 // WorkEndMany, WorkEndSession, WorkAbandonOfSessions), and nothing else
 // reads or locks:
-//   - It locks the rows, in key order, FOR UPDATE SKIP LOCKED, and claims
-//     only those it locked, so two transactions never claim the same pair
-//     at once, and a claim never waits for another's claim or end of the
-//     same pair: it skips the pair. A pair without a row (never claimed,
-//     WorkFencingEnsure has not run for it) is not claimed either.
+//   - It locks, in the order of machine_ids, FOR UPDATE SKIP LOCKED, the
+//     rows of the candidates that its snapshot shows unclaimed and not in
+//     backoff, until it holds max_claims, and claims those: two
+//     transactions never claim the same pair at once, and a claim never
+//     waits for another's claim or end of the same pair: it skips the
+//     pair. A pair without a row (never claimed, WorkFencingEnsure has not
+//     run for it) is not claimed either. Whether a pair is claimed it
+//     reads from the row's claimed (which claims and ends write with the
+//     work row), and from the work table only if that says claimed, so
+//     that under SERIALIZABLE on PostgreSQL, whose reads of a missing key
+//     lock an index page, claims of other machines do not conflict
+//     through it; the work table's key stays the arbiter (ON CONFLICT).
 //   - It writes the rows it claims (token and version). Under snapshot
 //     isolation (PostgreSQL's REPEATABLE READ) locking a row that a
 //     transaction committed after this one's snapshot wrote fails with
@@ -139,17 +156,22 @@ type WorkClaimManyRow struct {
 // The machine's own row is not touched: retrievals and foreign keys read
 // it, and on CockroachDB an exclusive lock blocks plain reads.
 //
-// It is also the claiming transaction's session check (see SessionCheck,
-// which it replaces there): live reads and locks the session's row, and
-// nothing is claimed unless the session is alive at this statement. The
-// statement returns one row with alive and no claim if it claimed nothing.
-// Being the check, it comes right after the retrievals, whose snapshot is
-// then as fresh as can be when the candidates are locked.
+// It is also the claiming transaction's session check, first and, when no
+// statement follows it, last (see SessionCheck and SessionCheckBeforeCommit,
+// which it replaces there): live reads and locks the session's row,
+// nothing is claimed unless the session is alive at this statement, and it
+// lowers the transaction's idle_in_transaction_session_timeout to the time
+// the session has left (at most max_idle_ms). The statement returns one
+// row with alive and no claim if it claimed nothing. Being the check, it
+// comes right after the retrievals, whose snapshot is then as fresh as can
+// be when the candidates are locked.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
+		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
 		pq.Array(arg.MachineIds),
+		arg.MaxClaims,
 		arg.ComponentName,
 	)
 	if err != nil {
@@ -255,7 +277,7 @@ WITH ended AS (
       AND work.claim_id = ANY ($6::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
     RETURNING f.machine_id
 ), causes AS (
@@ -320,7 +342,7 @@ WITH ended AS (
     DELETE FROM work WHERE work.session_id = $3
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
     RETURNING f.machine_id
 )
@@ -417,35 +439,54 @@ func (q *Queries) WorkFencingEnsure(ctx context.Context, arg WorkFencingEnsurePa
 }
 
 const workFinishMany = `-- name: WorkFinishMany :many
-WITH ended AS (
+WITH live AS (
+    SELECT s.session_id,
+           set_config('idle_in_transaction_session_timeout',
+               GREATEST(1, LEAST($1::INT8,
+                   (EXTRACT(EPOCH FROM (s.deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
+               true) AS idle_timeout
+    FROM sessions s
+    WHERE s.session_id = $2::UUID AND s.deadline > statement_timestamp()
+    FOR KEY SHARE
+), ended AS (
     DELETE FROM work
-    WHERE work.process = $2::TEXT AND work.session_id = $3::UUID
+    WHERE work.process = $3::TEXT AND work.session_id = $2::UUID
       AND work.machine_id = ANY ($4::UUID[])
       AND work.claim_id = ANY ($5::UUID[])
+      AND EXISTS (SELECT 1 FROM live)
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
     RETURNING f.machine_id
 ), cleared AS (
     DELETE FROM work_backoff
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
-      AND work_backoff.process = $2::TEXT
+      AND work_backoff.process = $3::TEXT
     RETURNING work_backoff.machine_id
+), finished AS (
+    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+    SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
+           $6::TEXT, ended.claim_id
+    FROM ended
+    RETURNING work_history.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
-       $1::TEXT, ended.claim_id
-FROM ended
-RETURNING work_history.claim_id
+SELECT EXISTS (SELECT 1 FROM live) AS alive, finished.claim_id
+FROM (SELECT 1) AS one LEFT JOIN finished ON TRUE
 `
 
 type WorkFinishManyParams struct {
-	ComponentName string
-	Process       string
+	MaxIdleMs     int64
 	SessionID     uuid.UUID
+	Process       string
 	MachineIds    []uuid.UUID
 	ClaimIds      []uuid.UUID
+	ComponentName string
+}
+
+type WorkFinishManyRow struct {
+	Alive   bool
+	ClaimID uuid.NullUUID
 }
 
 // WorkFinishMany ends, as Finished, the claims claim_ids of process on
@@ -456,25 +497,32 @@ type WorkFinishManyParams struct {
 // statement_timestamp(), not by the transaction's start: sorted by time, a
 // machine's history is the order of its events (a takeover's Abandoned
 // before the new claim's Started).
-func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]uuid.NullUUID, error) {
+//
+// It is also the transaction's session check, as WorkClaimMany is: it ends
+// nothing unless the session is alive at this statement, lowers the idle
+// timeout to the session's lease, and returns one row with alive and no
+// claim id if it ended nothing. A batch runs it last, after the commit
+// callbacks, so that it is the check before COMMIT.
+func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]WorkFinishManyRow, error) {
 	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
-		arg.ComponentName,
-		arg.Process,
+		arg.MaxIdleMs,
 		arg.SessionID,
+		arg.Process,
 		pq.Array(arg.MachineIds),
 		pq.Array(arg.ClaimIds),
+		arg.ComponentName,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []uuid.NullUUID{}
+	items := []WorkFinishManyRow{}
 	for rows.Next() {
-		var claim_id uuid.NullUUID
-		if err := rows.Scan(&claim_id); err != nil {
+		var i WorkFinishManyRow
+		if err := rows.Scan(&i.Alive, &i.ClaimID); err != nil {
 			return nil, err
 		}
-		items = append(items, claim_id)
+		items = append(items, i)
 	}
 	if err := rows.Close(); err != nil {
 		return nil, err

@@ -34,7 +34,7 @@ WITH ended AS (
     DELETE FROM work WHERE work.session_id = sqlc.arg(session_id)
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
     RETURNING f.machine_id
 )
@@ -58,7 +58,7 @@ WITH gone AS (
     WHERE work.session_id = ANY (sqlc.arg(session_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM gone WHERE f.machine_id = gone.machine_id AND f.process = gone.process
     RETURNING f.machine_id
 )
@@ -96,23 +96,30 @@ ON CONFLICT (machine_id, process) DO NOTHING
 RETURNING machine_id;
 
 -- name: WorkClaimMany :many
--- WorkClaimMany claims, in one statement, each of machine_ids that is
--- neither claimed for process nor in backoff for it, records Started for
--- each with its fencing token (one more than the previous claim's), and
--- returns the claimed machines with their claim ids and tokens. Like every
--- claim and end statement, it dates its rows by statement_timestamp(), not
--- by the transaction's start: sorted by time, a machine's history is the
--- order of its events.
+-- WorkClaimMany claims, in one statement, up to max_claims of machine_ids
+-- (in their order) that are neither claimed for process nor in backoff for
+-- it, records Started for each with its fencing token (one more than the
+-- previous claim's), and returns the claimed machines with their claim ids
+-- and tokens. Like every claim and end statement, it dates its rows by
+-- statement_timestamp(), not by the transaction's start: sorted by time, a
+-- machine's history is the order of its events.
 --
 -- It claims through each pair's work_fencing row, which every claim and
 -- every end of the pair writes (this statement, WorkFinishMany,
 -- WorkEndMany, WorkEndSession, WorkAbandonOfSessions), and nothing else
 -- reads or locks:
---   - It locks the rows, in key order, FOR UPDATE SKIP LOCKED, and claims
---     only those it locked, so two transactions never claim the same pair
---     at once, and a claim never waits for another's claim or end of the
---     same pair: it skips the pair. A pair without a row (never claimed,
---     WorkFencingEnsure has not run for it) is not claimed either.
+--   - It locks, in the order of machine_ids, FOR UPDATE SKIP LOCKED, the
+--     rows of the candidates that its snapshot shows unclaimed and not in
+--     backoff, until it holds max_claims, and claims those: two
+--     transactions never claim the same pair at once, and a claim never
+--     waits for another's claim or end of the same pair: it skips the
+--     pair. A pair without a row (never claimed, WorkFencingEnsure has not
+--     run for it) is not claimed either. Whether a pair is claimed it
+--     reads from the row's claimed (which claims and ends write with the
+--     work row), and from the work table only if that says claimed, so
+--     that under SERIALIZABLE on PostgreSQL, whose reads of a missing key
+--     lock an index page, claims of other machines do not conflict
+--     through it; the work table's key stays the arbiter (ON CONFLICT).
 --   - It writes the rows it claims (token and version). Under snapshot
 --     isolation (PostgreSQL's REPEATABLE READ) locking a row that a
 --     transaction committed after this one's snapshot wrote fails with
@@ -122,35 +129,46 @@ RETURNING machine_id;
 -- The machine's own row is not touched: retrievals and foreign keys read
 -- it, and on CockroachDB an exclusive lock blocks plain reads.
 --
--- It is also the claiming transaction's session check (see SessionCheck,
--- which it replaces there): live reads and locks the session's row, and
--- nothing is claimed unless the session is alive at this statement. The
--- statement returns one row with alive and no claim if it claimed nothing.
--- Being the check, it comes right after the retrievals, whose snapshot is
--- then as fresh as can be when the candidates are locked.
+-- It is also the claiming transaction's session check, first and, when no
+-- statement follows it, last (see SessionCheck and SessionCheckBeforeCommit,
+-- which it replaces there): live reads and locks the session's row,
+-- nothing is claimed unless the session is alive at this statement, and it
+-- lowers the transaction's idle_in_transaction_session_timeout to the time
+-- the session has left (at most max_idle_ms). The statement returns one
+-- row with alive and no claim if it claimed nothing. Being the check, it
+-- comes right after the retrievals, whose snapshot is then as fresh as can
+-- be when the candidates are locked.
 WITH live AS (
-    SELECT s.session_id FROM sessions s
+    SELECT s.session_id,
+           set_config('idle_in_transaction_session_timeout',
+               GREATEST(1, LEAST(sqlc.arg(max_idle_ms)::INT8,
+                   (EXTRACT(EPOCH FROM (s.deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
+               true) AS idle_timeout
+    FROM sessions s
     WHERE s.session_id = sqlc.arg(session_id)::UUID AND s.deadline > statement_timestamp()
     FOR KEY SHARE
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
     WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
       AND EXISTS (SELECT 1 FROM live)
-    ORDER BY f.machine_id
+      AND (NOT f.claimed OR NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
+      ))
+      AND NOT EXISTS (
+          SELECT 1 FROM work_backoff b
+          WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
+      )
+    ORDER BY array_position(sqlc.arg(machine_ids)::UUID[], f.machine_id)
+    LIMIT sqlc.arg(max_claims)::INT8
     FOR UPDATE SKIP LOCKED
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at)
     SELECT locked.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
     FROM locked
-    WHERE NOT EXISTS (
-        SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = locked.machine_id AND b.process = sqlc.arg(process)::TEXT
-          AND b.until > now()
-    )
     ON CONFLICT (machine_id, process) DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
-    UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1
+    UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1, claimed = TRUE
     FROM claim WHERE f.machine_id = claim.machine_id AND f.process = claim.process
     RETURNING f.machine_id, f.token
 ), started AS (
@@ -172,14 +190,30 @@ FROM (SELECT 1) AS one LEFT JOIN started ON TRUE;
 -- statement_timestamp(), not by the transaction's start: sorted by time, a
 -- machine's history is the order of its events (a takeover's Abandoned
 -- before the new claim's Started).
-WITH ended AS (
+--
+-- It is also the transaction's session check, as WorkClaimMany is: it ends
+-- nothing unless the session is alive at this statement, lowers the idle
+-- timeout to the session's lease, and returns one row with alive and no
+-- claim id if it ended nothing. A batch runs it last, after the commit
+-- callbacks, so that it is the check before COMMIT.
+WITH live AS (
+    SELECT s.session_id,
+           set_config('idle_in_transaction_session_timeout',
+               GREATEST(1, LEAST(sqlc.arg(max_idle_ms)::INT8,
+                   (EXTRACT(EPOCH FROM (s.deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
+               true) AS idle_timeout
+    FROM sessions s
+    WHERE s.session_id = sqlc.arg(session_id)::UUID AND s.deadline > statement_timestamp()
+    FOR KEY SHARE
+), ended AS (
     DELETE FROM work
     WHERE work.process = sqlc.arg(process)::TEXT AND work.session_id = sqlc.arg(session_id)::UUID
       AND work.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
       AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
+      AND EXISTS (SELECT 1 FROM live)
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
     RETURNING f.machine_id
 ), cleared AS (
@@ -187,12 +221,15 @@ WITH ended AS (
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
       AND work_backoff.process = sqlc.arg(process)::TEXT
     RETURNING work_backoff.machine_id
+), finished AS (
+    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+    SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
+           sqlc.arg(component_name)::TEXT, ended.claim_id
+    FROM ended
+    RETURNING work_history.claim_id
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
-SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
-       sqlc.arg(component_name)::TEXT, ended.claim_id
-FROM ended
-RETURNING work_history.claim_id;
+SELECT EXISTS (SELECT 1 FROM live) AS alive, finished.claim_id
+FROM (SELECT 1) AS one LEFT JOIN finished ON TRUE;
 
 -- name: WorkEndMany :many
 -- WorkEndMany ends, with the given event (Canceled or Failed) and causes
@@ -207,7 +244,7 @@ WITH ended AS (
       AND work.claim_id = ANY (sqlc.arg(claim_ids)::UUID[])
     RETURNING work.machine_id, work.process, work.session_id, work.claim_id
 ), fenced AS (
-    UPDATE work_fencing f SET version = f.version + 1
+    UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
     RETURNING f.machine_id
 ), causes AS (

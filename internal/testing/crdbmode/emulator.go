@@ -179,9 +179,9 @@ const (
 // Statements the emulation follows, by the sqlc name comment that starts
 // each of bmdb's: the reads and the write of a session's row.
 var (
-	sessionReads = []string{"-- name: SessionCheck", "-- name: WorkClaimMany "}   // their session id arguments are read
-	sessionWaits = []string{"-- name: SessionCheck :", "-- name: WorkClaimMany "} // reads that wait for a writer
-	sessionWrite = "-- name: SessionPoke :"                                       // the heartbeat
+	sessionReads = []string{"-- name: SessionCheck", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "}   // their session id arguments are read
+	sessionWaits = []string{"-- name: SessionCheck :", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "} // reads that wait for a writer
+	sessionWrite = "-- name: SessionPoke :"                                                                    // the heartbeat
 )
 
 // Answers the emulation gives in CockroachDB's stead.
