@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +42,7 @@ type batcher struct {
 	wake       chan struct{} // capacity 1: a request was queued
 	ended      chan struct{} // capacity maxRunning: a batch goroutine returned
 	fences     *fencer       // creates the claim rows of candidates ahead of their claims
+	controlled atomic.Bool   // the process's controls row is known to exist (ensureControls)
 
 	running int // owned by run: batch goroutines not yet returned
 
@@ -257,6 +259,13 @@ func (b *batcher) runBatch(reqs []*request, join bool) {
 	defer stop()
 	var claims []*request
 	err := s.alive()
+	if c, _ := split(reqs); err == nil && len(c) > 0 && !b.controlled.Load() {
+		// Before the first claim, so that its snapshot sees the row
+		// (without it, the claim makes it and runs again).
+		if s.ensureControls(ctx, b.process) == nil {
+			b.controlled.Store(true)
+		}
+	}
 	if err == nil {
 		err = s.conn.transact(ctx, s.conn.batchTx, func(tx *Tx) error {
 			// Requests join before the attempt's first statement: a

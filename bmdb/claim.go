@@ -20,7 +20,7 @@ type claimRequest struct {
 	// The outcome, set by each attempt of its batch's transaction.
 	claims    []claim
 	abandoned []string // processes of the claims a takeover ended as Abandoned
-	err       error    // ErrNothingToDo, ErrWorkConflict or ErrUnknownMachine
+	err       error    // ErrNothingToDo (or ErrProcessPaused, ErrCapReached), ErrWorkConflict or ErrUnknownMachine
 
 	fenced bool // made claim rows for its candidates and ran again (errRerun); owned by its batch
 }
@@ -41,6 +41,7 @@ type claimPass struct {
 	candidates [][]uuid.UUID      // each request's, distinct, in its order
 	used       map[uuid.UUID]bool // candidates tried
 	checks     *checks            // the attempt's session checks
+	blocked    error              // ErrProcessPaused or ErrCapReached, if the last claim statement found so
 }
 
 func (b *batcher) newClaimPass(reqs []*request, c *checks) *claimPass {
@@ -83,6 +84,16 @@ func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 		}
 		p.checks.first = true
 	}
+	if p.blocked != nil {
+		// Paused, or no slot free under the cap: a takeover could not
+		// claim either (GC ends expired sessions' claims).
+		for _, r := range p.reqs {
+			if len(r.claim.claims) == 0 {
+				r.claim.err = fmt.Errorf("%w (process %q)", p.blocked, b.process)
+			}
+		}
+		return nil
+	}
 	return p.takeOvers(ctx, tx)
 }
 
@@ -118,9 +129,12 @@ func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool
 		if len(picks) == 0 {
 			return nil
 		}
-		got, err := p.b.s.claimMany(ctx, tx, p.b.process, picks, min(want, len(picks)), p.checks)
+		got, ctl, err := p.b.s.claimMany(ctx, tx, p.b.process, picks, min(want, len(picks)), p.checks)
 		if err != nil {
 			return err
+		}
+		if p.blocked = ctl.blocked(); p.blocked != nil && len(got) == 0 {
+			return nil
 		}
 		for _, c := range got {
 			owner[c.machine].claims = append(owner[c.machine].claims, c)
@@ -200,18 +214,21 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 
 // claimMany claims, with one WorkClaimMany, up to limit of machines (the
 // first, in their order) that are neither claimed for process nor in
-// backoff for it nor being claimed or ended by another transaction, and
-// returns the claims made, in the order of machines. The statement checks
-// the session too (checked, c): it fails with the session's error if it
-// has ended.
+// backoff for it nor being claimed or ended by another transaction, as the
+// process's controls allow, and returns the claims made, in the order of
+// machines, and the controls as the statement found them. The statement
+// checks the session too (checked, c): it fails with the session's error
+// if it has ended. A process without a controls row has it made, and the
+// attempt runs again (errRerun).
 //
 // Under snapshot isolation (PostgreSQL's REPEATABLE READ) the statement
 // fails with 40001 if one of machines was claimed or ended by a
 // transaction that committed after this one's snapshot (first committer
-// wins: WorkClaimMany): a retrieval that read before that commit returned
-// it. claimMany returns that as errStale: the attempt runs again, at once,
-// with a snapshot that sees the commit, and its retrievals do too.
-func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID, limit int, c *checks) ([]claim, error) {
+// wins: WorkClaimMany), or the process's controls were changed: a
+// retrieval that read before that commit returned it. claimMany returns
+// that as errStale: the attempt runs again, at once, with a snapshot that
+// sees the commit, and its retrievals do too.
+func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID, limit int, c *checks) ([]claim, controls, error) {
 	c.last = false
 	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
 		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
@@ -221,13 +238,22 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 	case err == nil:
 	case s.conn.batchTx == snapshot && sqlState(err) == codeSerializationFailure:
 		s.conn.stats.process(process).stale.Add(1)
-		return nil, fmt.Errorf("%w: %w", errStale, err)
+		return nil, controls{}, fmt.Errorf("%w: %w", errStale, err)
 	default:
-		return nil, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
+		return nil, controls{}, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
 	}
 	if err := s.checked(c, len(rows) > 0 && rows[0].Alive); err != nil { // the statement is a session check too
-		return nil, err
+		return nil, controls{}, err
 	}
+	head := rows[0]
+	ctl := controls{paused: head.Paused, cap: head.ClaimCap.Int64, freeSlots: head.FreeSlots}
+	if !head.Controlled {
+		if err := s.ensureControls(ctx, process); err != nil {
+			return nil, ctl, fmt.Errorf("bmdb: Work(%q): %w", process, err)
+		}
+		return nil, ctl, errRerun
+	}
+	s.conn.stats.process(process).sawControls(ctl)
 	byMachine := make(map[uuid.UUID]claim, len(rows))
 	for _, r := range rows {
 		if r.MachineID.Valid {
@@ -240,7 +266,26 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 			claimed = append(claimed, c)
 		}
 	}
-	return claimed, nil
+	return claimed, ctl, nil
+}
+
+// controls are a process's fleet controls as a claim statement found them.
+type controls struct {
+	paused    bool
+	cap       int64 // 0: none
+	freeSlots int64 // slots below the cap the statement locked
+}
+
+// blocked returns why the controls let the statement claim nothing:
+// ErrProcessPaused, ErrCapReached (a cap, and no free slot), or nil.
+func (c controls) blocked() error {
+	switch {
+	case c.paused:
+		return ErrProcessPaused
+	case c.cap > 0 && c.freeSlots == 0:
+		return ErrCapReached
+	}
+	return nil
 }
 
 // errStale ends a batch attempt whose claim statement met a candidate
@@ -290,7 +335,7 @@ func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, can
 			conflict = true
 			continue
 		}
-		got, err := s.claimMany(ctx, tx, process, []uuid.UUID{machine}, 1, c)
+		got, _, err := s.claimMany(ctx, tx, process, []uuid.UUID{machine}, 1, c)
 		if err != nil {
 			return claim{}, nil, nil, err
 		}
@@ -396,6 +441,10 @@ func (c *Connection) recordClaims(process string, limit, claimed int, err error)
 	switch {
 	case errors.Is(err, ErrWorkConflict):
 		p.conflicts.Add(1)
+	case errors.Is(err, ErrProcessPaused):
+		p.paused.Add(1)
+	case errors.Is(err, ErrCapReached):
+		p.capped.Add(1)
 	case errors.Is(err, ErrNothingToDo):
 		p.nothing.Add(1)
 	case err != nil:

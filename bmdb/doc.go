@@ -195,6 +195,35 @@
 // processes' batches still run at once (TestWriteSkewAndItsRemedies,
 // TestStaleRetrievalClaimsNothing, TestClaimsRacingEndsAndTakeovers).
 //
+// # Fleet controls
+//
+// An operator pauses a process fleet-wide (Session.PauseProcess, bmdbctl
+// pause) or caps how many claims of it are live at once, on every
+// component together (Session.CapProcess, bmdbctl cap). The claim
+// statement enforces both, so they are exact, not polled: each process has
+// a controls row that every claim of it reads, locked FOR SHARE on
+// PostgreSQL, and a pause or cap change writes it. On PostgreSQL the
+// change waits for the claims in flight and commits after them, and a
+// claim whose snapshot is older than the change fails to lock the row
+// (first committer wins: it runs again and sees the change); on
+// CockroachDB the lock is a plain read and SERIALIZABLE orders each claim
+// before or after the change. So no claim of a paused process commits
+// after the pause did; claims held end normally, and GC still ends an
+// expired session's claims as Abandoned, but nobody claims them again
+// until the resume. Under a cap of N each claim takes one of the slot
+// numbers 0..N-1 that no live claim holds (a unique key on the work
+// table: never more than N live claims, whatever the races; slots are
+// locked SKIP LOCKED, so claims do not wait for each other), and an end or
+// an Abandoned claim frees its slot. After the cap is lowered, new claims
+// wait until no live claim holds a slot at or above it. Work returns
+// ErrProcessPaused or ErrCapReached then, both ErrNothingToDo to code
+// that does not tell them apart. The controls row is the one row every
+// claim of a process reads; claims never write it (CockroachDB: no hot
+// row written per claim), and a process's claims lock as many slot rows
+// as they claim machines. Changes are recorded in process_control_history,
+// and the view process_status shows each process's controls and live
+// claims.
+//
 // Statements run in a Tx or on DB() with parameters are kept prepared per
 // pooled connection (Config.StatementCacheSize): one round trip instead of
 // lib/pq's two, and a plan the server reuses.

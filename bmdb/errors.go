@@ -40,6 +40,17 @@ var (
 	// candidates that are in backoff for the process.
 	ErrNothingToDo = errors.New("bmdb: nothing to do")
 
+	// ErrProcessPaused means the process is paused fleet-wide
+	// (Session.PauseProcess): Work claims nothing until it is resumed.
+	// It wraps ErrNothingToDo, so that code that waits on that waits on a
+	// pause too; check it first to tell the two apart.
+	ErrProcessPaused = fmt.Errorf("%w: process paused", ErrNothingToDo)
+
+	// ErrCapReached means the process has as many live claims as its cap
+	// allows (Session.CapProcess), fleet-wide: Work claims nothing until one
+	// ends. It wraps ErrNothingToDo, as ErrProcessPaused does.
+	ErrCapReached = fmt.Errorf("%w: process at its cap of live claims", ErrNothingToDo)
+
 	// ErrWorkDone is returned by Finish, Cancel and Fail once the Work has
 	// ended.
 	ErrWorkDone = errors.New("bmdb: work already ended")

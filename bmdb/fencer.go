@@ -101,21 +101,34 @@ func (f *fencer) run() {
 	}
 }
 
-// ensureAttempts bounds the attempts of one WorkFencingEnsure: it is
-// retried on serialization failures (a concurrent one of the same pairs,
-// on a server whose default isolation is SERIALIZABLE) and lost
-// connections before it ran.
+// ensureAttempts bounds the attempts of one statement run by autocommit.
 const ensureAttempts = 3
 
 // ensure makes the claim rows of the machines among ids that have none,
 // with one statement outside any transaction (autocommit), bounded by ctx
 // and the session.
 func (f *fencer) ensure(ctx context.Context, ids []uuid.UUID) error {
-	ctx, stop := f.s.bound(ctx)
+	err := f.s.autocommit(ctx, func(ctx context.Context) error {
+		_, err := f.s.conn.prepared.WorkFencingEnsure(ctx, store.WorkFencingEnsureParams{MachineIds: ids, Process: f.process})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("making the claim rows of %d machines: %w", len(ids), err)
+	}
+	return nil
+}
+
+// autocommit runs stmt, one statement outside any transaction, bounded
+// by ctx and the session, up to ensureAttempts times while it fails with
+// a serialization failure (a concurrent statement making the same rows,
+// on a server whose default isolation is SERIALIZABLE) or a lost
+// connection.
+func (s *Session) autocommit(ctx context.Context, stmt func(ctx context.Context) error) error {
+	ctx, stop := s.bound(ctx)
 	defer stop()
 	var err error
 	for attempt := 1; attempt <= ensureAttempts; attempt++ {
-		_, err = f.s.conn.prepared.WorkFencingEnsure(ctx, store.WorkFencingEnsureParams{MachineIds: ids, Process: f.process})
+		err = stmt(ctx)
 		if err == nil || ctx.Err() != nil || !(retryable(err) || isConnectionError(err)) {
 			break
 		}
@@ -123,8 +136,5 @@ func (f *fencer) ensure(ctx context.Context, ids []uuid.UUID) error {
 			break
 		}
 	}
-	if err != nil {
-		return fmt.Errorf("making the claim rows of %d machines: %w", len(ids), contextError(ctx, err))
-	}
-	return nil
+	return contextError(ctx, err)
 }

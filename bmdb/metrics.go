@@ -22,6 +22,10 @@ import (
 //	bmdb_work_events_total{process, event}   Started, Finished, Failed, Canceled, Abandoned, BackoffCleared
 //	bmdb_work_conflicts_total{process}
 //	bmdb_work_nothing_to_do_total{process}
+//	bmdb_work_paused_total{process}          Work calls that found the process paused (ErrProcessPaused)
+//	bmdb_work_capped_total{process}          Work calls that found it at its cap (ErrCapReached)
+//	bmdb_process_paused{process}             gauge: 1 if the process was paused at this component's last claim statement
+//	bmdb_process_claim_cap{process}          gauge: its cap then, 0 for none
 //	bmdb_work_asked_total{process}           machines asked for by Work and WorkMany (vs Started: claimed)
 //	bmdb_claims_stale_total{process}         claim statements that met a stale candidate (Stats.ClaimsStale)
 //	bmdb_claim_duration_seconds{process}     (histogram of successful Work calls)
@@ -80,9 +84,18 @@ var (
 	descWorkEvents        = counterDesc("bmdb_work_events_total", "Committed work history events by process and event.", "process", "event")
 	descWorkConflicts     = counterDesc("bmdb_work_conflicts_total", "Work calls that found only machines claimed, or being claimed, by other sessions.", "process")
 	descWorkNothing       = counterDesc("bmdb_work_nothing_to_do_total", "Work calls that found nothing to claim.", "process")
+	descWorkPaused        = counterDesc("bmdb_work_paused_total", "Work calls that found the process paused.", "process")
+	descWorkCapped        = counterDesc("bmdb_work_capped_total", "Work calls that found the process at its cap of live claims.", "process")
 	descWorkAsked         = counterDesc("bmdb_work_asked_total", "Machines asked for by Work and WorkMany calls (their limits).", "process")
 	descClaimsStale       = counterDesc("bmdb_claims_stale_total", "Claim statements that met a candidate claimed or ended after their snapshot, and ran again.", "process")
 	descBackoffs          = counterDesc("bmdb_backoffs_total", "Backoffs set by Fail.", "process")
+)
+
+// Gauges of each process's controls, as the last claim statement of a
+// component saw them (Connections of one component: the highest).
+var (
+	descProcessPaused = counterDesc("bmdb_process_paused", "1 if the process was paused at this component's last claim statement of it, else 0.", "process")
+	descProcessCap    = counterDesc("bmdb_process_claim_cap", "The process's cap of live claims at this component's last claim statement of it, 0 for none.", "process")
 )
 
 func counterDesc(name, help string, labels ...string) *prometheus.Desc {
@@ -95,7 +108,8 @@ type countersCollector Metrics
 
 func (cc *countersCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSessionsStarted, descSessionsExpired, descHeartbeatFailures, descTxAttempts,
-		descTxRetries, descWorkEvents, descWorkConflicts, descWorkNothing, descWorkAsked, descClaimsStale, descBackoffs} {
+		descTxRetries, descWorkEvents, descWorkConflicts, descWorkNothing, descWorkPaused, descWorkCapped, descWorkAsked,
+		descClaimsStale, descBackoffs, descProcessPaused, descProcessCap} {
 		ch <- d
 	}
 }
@@ -112,6 +126,10 @@ func (cc *countersCollector) Collect(ch chan<- prometheus.Metric) {
 		copy(k.labels[:], labels)
 		if _, ok := sums[k]; !ok {
 			order = append(order, k)
+		}
+		if d == descProcessPaused || d == descProcessCap {
+			sums[k] = max(sums[k], v)
+			return
 		}
 		sums[k] += v
 	}
@@ -136,19 +154,27 @@ func (cc *countersCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			add(descWorkConflicts, p.conflicts.Load(), comp, process)
 			add(descWorkNothing, p.nothing.Load(), comp, process)
+			add(descWorkPaused, p.paused.Load(), comp, process)
+			add(descWorkCapped, p.capped.Load(), comp, process)
 			add(descWorkAsked, p.asked.Load(), comp, process)
 			add(descClaimsStale, p.stale.Load(), comp, process)
 			add(descBackoffs, p.backoffs.Load(), comp, process)
+			if p.controlsSeen.Load() {
+				add(descProcessPaused, p.pausedNow.Load(), comp, process)
+				add(descProcessCap, p.capNow.Load(), comp, process)
+			}
 		})
 	}
 	for _, k := range order {
-		n := 1
+		n, kind := 1, prometheus.CounterValue
 		switch k.d {
-		case descTxRetries, descWorkConflicts, descWorkNothing, descWorkAsked, descClaimsStale, descBackoffs:
+		case descTxRetries, descWorkConflicts, descWorkNothing, descWorkPaused, descWorkCapped, descWorkAsked, descClaimsStale, descBackoffs:
 			n = 2
+		case descProcessPaused, descProcessCap:
+			n, kind = 2, prometheus.GaugeValue
 		case descWorkEvents:
 			n = 3
 		}
-		ch <- prometheus.MustNewConstMetric(k.d, prometheus.CounterValue, float64(sums[k]), k.labels[:n]...)
+		ch <- prometheus.MustNewConstMetric(k.d, kind, float64(sums[k]), k.labels[:n]...)
 	}
 }

@@ -44,8 +44,13 @@ type Stats struct {
 	// process that keeps getting them while others claim is losing its
 	// candidates to them.
 	ClaimConflicts int64
-	// ClaimNothingToDo counts the calls that returned ErrNothingToDo.
+	// ClaimNothingToDo counts the calls that returned ErrNothingToDo, and
+	// neither ErrProcessPaused nor ErrCapReached.
 	ClaimNothingToDo int64
+	// ClaimPaused counts the calls that returned ErrProcessPaused.
+	ClaimPaused int64
+	// ClaimCapped counts the calls that returned ErrCapReached.
+	ClaimCapped int64
 	// ClaimsStale counts claim statements that met a candidate another
 	// transaction had claimed or ended after the claiming transaction's
 	// snapshot (PostgreSQL at snapshot isolation: first committer wins): the
@@ -73,6 +78,8 @@ func (c *Connection) Stats() Stats {
 		s.Claimed += p.claimed.Load()
 		s.ClaimConflicts += p.conflicts.Load()
 		s.ClaimNothingToDo += p.nothing.Load()
+		s.ClaimPaused += p.paused.Load()
+		s.ClaimCapped += p.capped.Load()
 		s.ClaimsStale += p.stale.Load()
 	})
 	return s
@@ -95,7 +102,12 @@ type counters struct {
 // processCounters are a Connection's figures of one process.
 type processCounters struct {
 	calls, asked, claimed, conflicts, nothing, stale, backoffs atomic.Int64
-	events                                                     [len(historyEvents)]atomic.Int64 // by historyEvents' index
+	paused, capped                                             atomic.Int64
+	// The process's controls at the last claim statement: pausedNow 1 or
+	// 0, capNow the cap or 0; controlsSeen once one has run.
+	pausedNow, capNow atomic.Int64
+	controlsSeen      atomic.Bool
+	events            [len(historyEvents)]atomic.Int64 // by historyEvents' index
 }
 
 // historyEvents are the events of work_history, in the order of
@@ -160,4 +172,16 @@ const (
 
 func (r retryReason) String() string {
 	return [...]string{"serialization", "lock_timeout", "deadlock", "connection"}[r]
+}
+
+// sawControls notes the controls a claim statement of the process found,
+// for the gauges.
+func (p *processCounters) sawControls(c controls) {
+	paused := int64(0)
+	if c.paused {
+		paused = 1
+	}
+	p.pausedNow.Store(paused)
+	p.capNow.Store(c.cap)
+	p.controlsSeen.Store(true)
 }

@@ -17,10 +17,11 @@ CREATE ROLE bmdb_operator LOGIN;
 GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON
-    machines, sessions, work, work_history, work_backoff, work_fencing
+    machines, sessions, work, work_history, work_backoff, work_fencing,
+    process_controls, process_slots, process_control_history
 TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.
 GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_worker;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview, process_status TO bmdb_worker;
 
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_operator;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview, process_status, process_control_history TO bmdb_operator;

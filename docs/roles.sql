@@ -12,8 +12,8 @@
 -- schema versions (schema_migrations, and each application's
 -- <name>_schema_migrations) and takes no lock.
 -- bmdb_operator is for people and dashboards: read-only on the views.
--- bmdbctl's write commands (backoff clear, gc, history prune) need
--- bmdb_worker.
+-- bmdbctl's write commands (backoff clear, pause, resume, cap, gc,
+-- history prune) need bmdb_worker.
 --
 -- Replace the passwords, or use certificate authentication
 -- (sslmode=verify-full in the DSN, which bmdb passes to the driver
@@ -33,12 +33,14 @@ CREATE ROLE bmdb_operator LOGIN PASSWORD 'change-me';
 GRANT USAGE ON SCHEMA public TO bmdb_worker, bmdb_operator;
 
 GRANT SELECT, INSERT, UPDATE, DELETE ON
-    machines, sessions, work, work_history, work_backoff, work_fencing
+    machines, sessions, work, work_history, work_backoff, work_fencing,
+    process_controls, process_slots, process_control_history
 TO bmdb_worker;
--- work_history.id is a BIGSERIAL, whose sequence the worker draws from.
-GRANT USAGE ON SEQUENCE work_history_id_seq TO bmdb_worker;
+-- work_history.id and process_control_history.id are BIGSERIALs, whose
+-- sequences the worker draws from.
+GRANT USAGE ON SEQUENCE work_history_id_seq, process_control_history_id_seq TO bmdb_worker;
 -- Components check the schema versions and their compatibility on Open.
 GRANT SELECT ON schema_migrations, bmdb_schema_compat, bmdb_app_schema_compat TO bmdb_worker;
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_worker;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview, process_status TO bmdb_worker;
 
-GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview TO bmdb_operator;
+GRANT SELECT ON live_sessions, current_work, active_backoffs, readable_history, machine_overview, process_status, process_control_history TO bmdb_operator;

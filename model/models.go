@@ -96,6 +96,27 @@ type MachineOverview struct {
 	ActiveBackoffs   int64     `json:"active_backoffs"`
 }
 
+type ProcessControlHistory struct {
+	ID          int64         `json:"id"`
+	Process     string        `json:"process"`
+	Action      string        `json:"action"`
+	ClaimCap    sql.NullInt64 `json:"claim_cap"`
+	At          time.Time     `json:"at"`
+	Actor       string        `json:"actor"`
+	RuntimeInfo string        `json:"runtime_info"`
+	Reason      string        `json:"reason"`
+}
+
+type ProcessStatus struct {
+	Process    string        `json:"process"`
+	Paused     bool          `json:"paused"`
+	ClaimCap   sql.NullInt64 `json:"claim_cap"`
+	ChangedAt  time.Time     `json:"changed_at"`
+	ChangedBy  string        `json:"changed_by"`
+	Reason     string        `json:"reason"`
+	LiveClaims int64         `json:"live_claims"`
+}
+
 type ReadableHistory struct {
 	ID            int64     `json:"id"`
 	MachineID     uuid.UUID `json:"machine_id"`

@@ -107,7 +107,8 @@ type Config struct {
 	// BackoffDefault.
 	Backoff bmdb.Backoff
 	// PollMin and PollMax bound the wait of a claimer that found nothing to
-	// do: it starts at PollMin, doubles up to PollMax while nothing is
+	// do, or its process paused or at its cap (it logs a pause once, and
+	// the resume once): it starts at PollMin, doubles up to PollMax while nothing is
 	// found, and each wait is jittered down by up to half, so idle claimers
 	// neither spin nor wake in step. A claimer whose candidates were all
 	// taken by other sessions (bmdb.ErrWorkConflict: work exists) does not
@@ -128,7 +129,8 @@ type Config struct {
 	// includes candidates in backoff) or only candidates claimed by other
 	// live sessions (bmdb.ErrWorkConflict). For batch jobs and tests that
 	// process what there is and exit; a machine in backoff does not keep
-	// the loop running. Defaults to 0: Run returns only when its context
+	// the loop running, a pause or a cap of the process does (work is
+	// left: bmdb.ErrProcessPaused, bmdb.ErrCapReached). Defaults to 0: Run returns only when its context
 	// is done (or on a permanent error).
 	StopWhenIdle time.Duration
 }
@@ -198,7 +200,9 @@ type Stats struct {
 	Lost      int64 // claims lost with their session, or fenced off
 	Conflicts int64 // claim calls that returned ErrWorkConflict (candidates taken)
 
-	NothingToDo int64         // claim calls that returned ErrNothingToDo
+	NothingToDo int64         // claim calls that returned ErrNothingToDo (not paused or capped)
+	Paused      int64         // claim calls that found the process paused (bmdb.ErrProcessPaused)
+	Capped      int64         // claim calls that found it at its cap (bmdb.ErrCapReached)
 	PollSleeps  int64         // waits between claim calls (nothing to do, conflicts after widening, errors)
 	PollSleep   time.Duration // time spent in those waits
 }
@@ -218,6 +222,7 @@ type Loop struct {
 	started                                           atomic.Bool
 	sessions, polls, asked, claimed, finished, failed atomic.Int64
 	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
+	paused, capped                                    atomic.Int64
 	slept                                             atomic.Int64 // nanoseconds
 }
 
@@ -240,7 +245,8 @@ func (l *Loop) Stats() Stats {
 		Sessions: l.sessions.Load(), Polls: l.polls.Load(), Claimed: l.claimed.Load(),
 		Finished: l.finished.Load(), Failed: l.failed.Load(), Canceled: l.canceled.Load(),
 		Lost: l.lost.Load(), Conflicts: l.conflicts.Load(), Asked: l.asked.Load(),
-		NothingToDo: l.nothing.Load(), PollSleeps: l.sleeps.Load(), PollSleep: time.Duration(l.slept.Load()),
+		NothingToDo: l.nothing.Load(), Paused: l.paused.Load(), Capped: l.capped.Load(),
+		PollSleeps: l.sleeps.Load(), PollSleep: time.Duration(l.slept.Load()),
 	}
 }
 
@@ -360,6 +366,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	poll := l.cfg.PollMin
 	widen := 0              // consecutive conflicts: candidates are widened 2^widen times
 	var idleSince time.Time // since when claims found nothing and no handler ran
+	paused := false         // the last claim call found the process paused
 	for {
 		select {
 		case busy <- struct{}{}:
@@ -380,6 +387,14 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		for range free - len(works) {
 			<-busy
 		}
+		if p := errors.Is(err, bmdb.ErrProcessPaused); p != paused && claimCtx.Err() == nil {
+			paused = p
+			if p {
+				klog.Infof("worker %s: the process is paused fleet-wide: claiming nothing until it is resumed", l.cfg.Process)
+			} else {
+				klog.Infof("worker %s: the process was resumed: claiming again", l.cfg.Process)
+			}
+		}
 		if err != nil {
 			if claimCtx.Err() != nil {
 				return
@@ -390,12 +405,15 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 				widen++
 				continue
 			}
-			idle := errors.Is(err, bmdb.ErrNothingToDo) || errors.Is(err, bmdb.ErrWorkConflict)
+			// Paused or at its cap: not idle (work may be left), but
+			// waiting like it.
+			held := errors.Is(err, bmdb.ErrProcessPaused) || errors.Is(err, bmdb.ErrCapReached)
+			idle := !held && (errors.Is(err, bmdb.ErrNothingToDo) || errors.Is(err, bmdb.ErrWorkConflict))
 			switch {
 			case bmdb.IsPermanent(err):
 				l.permanent(fmt.Errorf("%w: worker %s: claiming: %w", ErrPermanent, l.cfg.Process, err))
 				return
-			case !idle:
+			case !idle && !held:
 				klog.Warningf("worker %s: claiming: %v", l.cfg.Process, err)
 			}
 			delay := poll - rand.N(poll/2+1)
@@ -484,6 +502,10 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*
 		l.claimed.Add(int64(len(works)))
 	case errors.Is(err, bmdb.ErrWorkConflict):
 		l.conflicts.Add(1)
+	case errors.Is(err, bmdb.ErrProcessPaused):
+		l.paused.Add(1)
+	case errors.Is(err, bmdb.ErrCapReached):
+		l.capped.Add(1)
 	case errors.Is(err, bmdb.ErrNothingToDo):
 		l.nothing.Add(1)
 	}

@@ -30,6 +30,18 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.machineCreateManyStmt, err = db.PrepareContext(ctx, machineCreateMany); err != nil {
 		return nil, fmt.Errorf("error preparing query MachineCreateMany: %w", err)
 	}
+	if q.processControlEnsureStmt, err = db.PrepareContext(ctx, processControlEnsure); err != nil {
+		return nil, fmt.Errorf("error preparing query ProcessControlEnsure: %w", err)
+	}
+	if q.processControlLockStmt, err = db.PrepareContext(ctx, processControlLock); err != nil {
+		return nil, fmt.Errorf("error preparing query ProcessControlLock: %w", err)
+	}
+	if q.processControlSetStmt, err = db.PrepareContext(ctx, processControlSet); err != nil {
+		return nil, fmt.Errorf("error preparing query ProcessControlSet: %w", err)
+	}
+	if q.processSlotsEnsureStmt, err = db.PrepareContext(ctx, processSlotsEnsure); err != nil {
+		return nil, fmt.Errorf("error preparing query ProcessSlotsEnsure: %w", err)
+	}
 	if q.schemaCompatOldestStmt, err = db.PrepareContext(ctx, schemaCompatOldest); err != nil {
 		return nil, fmt.Errorf("error preparing query SchemaCompatOldest: %w", err)
 	}
@@ -109,6 +121,26 @@ func (q *Queries) Close() error {
 	if q.machineCreateManyStmt != nil {
 		if cerr := q.machineCreateManyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing machineCreateManyStmt: %w", cerr)
+		}
+	}
+	if q.processControlEnsureStmt != nil {
+		if cerr := q.processControlEnsureStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing processControlEnsureStmt: %w", cerr)
+		}
+	}
+	if q.processControlLockStmt != nil {
+		if cerr := q.processControlLockStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing processControlLockStmt: %w", cerr)
+		}
+	}
+	if q.processControlSetStmt != nil {
+		if cerr := q.processControlSetStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing processControlSetStmt: %w", cerr)
+		}
+	}
+	if q.processSlotsEnsureStmt != nil {
+		if cerr := q.processSlotsEnsureStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing processSlotsEnsureStmt: %w", cerr)
 		}
 	}
 	if q.schemaCompatOldestStmt != nil {
@@ -262,6 +294,10 @@ type Queries struct {
 	tx                           *sql.Tx
 	appSchemaCompatOldestStmt    *sql.Stmt
 	machineCreateManyStmt        *sql.Stmt
+	processControlEnsureStmt     *sql.Stmt
+	processControlLockStmt       *sql.Stmt
+	processControlSetStmt        *sql.Stmt
+	processSlotsEnsureStmt       *sql.Stmt
 	schemaCompatOldestStmt       *sql.Stmt
 	sessionCheckStmt             *sql.Stmt
 	sessionCheckBeforeCommitStmt *sql.Stmt
@@ -292,6 +328,10 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		tx:                           tx,
 		appSchemaCompatOldestStmt:    q.appSchemaCompatOldestStmt,
 		machineCreateManyStmt:        q.machineCreateManyStmt,
+		processControlEnsureStmt:     q.processControlEnsureStmt,
+		processControlLockStmt:       q.processControlLockStmt,
+		processControlSetStmt:        q.processControlSetStmt,
+		processSlotsEnsureStmt:       q.processSlotsEnsureStmt,
 		schemaCompatOldestStmt:       q.schemaCompatOldestStmt,
 		sessionCheckStmt:             q.sessionCheckStmt,
 		sessionCheckBeforeCommitStmt: q.sessionCheckBeforeCommitStmt,

@@ -5,6 +5,7 @@
 package store
 
 import (
+	"database/sql"
 	"database/sql/driver"
 	"fmt"
 	"time"
@@ -64,4 +65,5 @@ type Work struct {
 	SessionID uuid.UUID
 	StartedAt time.Time
 	ClaimID   uuid.UUID
+	Slot      sql.NullInt64
 }

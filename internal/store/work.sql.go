@@ -71,10 +71,28 @@ WITH live AS (
     FROM sessions s
     WHERE s.session_id = $2::UUID AND s.deadline > statement_timestamp()
     FOR KEY SHARE
+), ctl AS (
+    SELECT c.paused, c.claim_cap FROM process_controls c
+    WHERE c.process = $3::TEXT
+    FOR SHARE
+), open AS (
+    SELECT ctl.claim_cap FROM ctl WHERE NOT ctl.paused AND EXISTS (SELECT 1 FROM live)
+), slots AS (
+    SELECT s.slot FROM process_slots s, open o
+    WHERE s.process = $3::TEXT AND s.slot < o.claim_cap
+      AND NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.process = $3::TEXT AND w.slot >= o.claim_cap
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.process = $3::TEXT AND w.slot = s.slot
+      )
+    ORDER BY s.slot
+    LIMIT $4::INT8
+    FOR UPDATE OF s SKIP LOCKED
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $3::TEXT AND f.machine_id = ANY ($4::UUID[])
-      AND EXISTS (SELECT 1 FROM live)
+    WHERE f.process = $3::TEXT AND f.machine_id = ANY ($5::UUID[])
+      AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -82,14 +100,21 @@ WITH live AS (
           SELECT 1 FROM work_backoff b
           WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
       )
-    ORDER BY array_position($4::UUID[], f.machine_id)
-    LIMIT $5::INT8
+    ORDER BY array_position($5::UUID[], f.machine_id)
+    LIMIT $4::INT8
     FOR UPDATE SKIP LOCKED
+), picks AS (
+    SELECT l.machine_id, sl.slot
+    FROM (SELECT locked.machine_id,
+                 row_number() OVER (ORDER BY array_position($5::UUID[], locked.machine_id)) AS n
+          FROM locked) AS l
+    LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.slot) AS n FROM slots) AS sl ON sl.n = l.n
+    WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
 ), claim AS (
-    INSERT INTO work (machine_id, process, session_id, started_at)
-    SELECT locked.machine_id, $3::TEXT, $2::UUID, statement_timestamp()
-    FROM locked
-    ON CONFLICT (machine_id, process) DO NOTHING
+    INSERT INTO work (machine_id, process, session_id, started_at, slot)
+    SELECT picks.machine_id, $3::TEXT, $2::UUID, statement_timestamp(), picks.slot
+    FROM picks
+    ON CONFLICT DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
     UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1, claimed = TRUE
@@ -102,7 +127,12 @@ WITH live AS (
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
-SELECT EXISTS (SELECT 1 FROM live) AS alive, started.machine_id, started.claim_id, started.fencing_token
+SELECT EXISTS (SELECT 1 FROM live) AS alive,
+       EXISTS (SELECT 1 FROM ctl) AS controlled,
+       EXISTS (SELECT 1 FROM ctl WHERE ctl.paused) AS paused,
+       (SELECT ctl.claim_cap FROM ctl) AS claim_cap,
+       (SELECT count(*) FROM slots)::INT8 AS free_slots,
+       started.machine_id, started.claim_id, started.fencing_token
 FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
@@ -110,13 +140,17 @@ type WorkClaimManyParams struct {
 	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
-	MachineIds    []uuid.UUID
 	MaxClaims     int64
+	MachineIds    []uuid.UUID
 	ComponentName string
 }
 
 type WorkClaimManyRow struct {
 	Alive        bool
+	Controlled   bool
+	Paused       bool
+	ClaimCap     sql.NullInt64
+	FreeSlots    int64
 	MachineID    uuid.NullUUID
 	ClaimID      uuid.NullUUID
 	FencingToken sql.NullInt64
@@ -145,7 +179,7 @@ type WorkClaimManyRow struct {
 //     work row), and from the work table only if that says claimed, so
 //     that under SERIALIZABLE on PostgreSQL, whose reads of a missing key
 //     lock an index page, claims of other machines do not conflict
-//     through it; the work table's key stays the arbiter (ON CONFLICT).
+//     through it; the work table's keys stay the arbiters (ON CONFLICT).
 //   - It writes the rows it claims (token and version). Under snapshot
 //     isolation (PostgreSQL's REPEATABLE READ) locking a row that a
 //     transaction committed after this one's snapshot wrote fails with
@@ -156,22 +190,32 @@ type WorkClaimManyRow struct {
 // The machine's own row is not touched: retrievals and foreign keys read
 // it, and on CockroachDB an exclusive lock blocks plain reads.
 //
+// It enforces the process's controls (process_controls, see 000015): it
+// reads the row FOR SHARE (a plain read on CockroachDB, whose SERIALIZABLE
+// orders it against a change) and claims nothing if the row is missing
+// (controlled is false: ProcessControlEnsure makes it) or paused. With a
+// cap, each claim takes a free slot below it (process_slots, locked FOR
+// UPDATE SKIP LOCKED; work_slot_idx makes a slot one live claim's), and
+// none while a live claim holds a slot at or above the cap (the cap was
+// lowered): claim_cap is the cap (NULL: none), free_slots how many slots
+// it locked.
+//
 // It is also the claiming transaction's session check, first and, when no
 // statement follows it, last (see SessionCheck and SessionCheckBeforeCommit,
 // which it replaces there): live reads and locks the session's row,
 // nothing is claimed unless the session is alive at this statement, and it
 // lowers the transaction's idle_in_transaction_session_timeout to the time
 // the session has left (at most max_idle_ms). The statement returns one
-// row with alive and no claim if it claimed nothing. Being the check, it
-// comes right after the retrievals, whose snapshot is then as fresh as can
-// be when the candidates are locked.
+// row with alive and the controls' state and no claim if it claimed
+// nothing. Being the check, it comes right after the retrievals, whose
+// snapshot is then as fresh as can be when the candidates are locked.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
-		pq.Array(arg.MachineIds),
 		arg.MaxClaims,
+		pq.Array(arg.MachineIds),
 		arg.ComponentName,
 	)
 	if err != nil {
@@ -183,6 +227,10 @@ func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([
 		var i WorkClaimManyRow
 		if err := rows.Scan(
 			&i.Alive,
+			&i.Controlled,
+			&i.Paused,
+			&i.ClaimCap,
+			&i.FreeSlots,
 			&i.MachineID,
 			&i.ClaimID,
 			&i.FencingToken,
@@ -534,7 +582,7 @@ func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) 
 }
 
 const workGet = `-- name: WorkGet :one
-SELECT machine_id, process, session_id, started_at, claim_id FROM work
+SELECT machine_id, process, session_id, started_at, claim_id, slot FROM work
 WHERE machine_id = $1 AND process = $2
 `
 
@@ -553,6 +601,7 @@ func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) 
 		&i.SessionID,
 		&i.StartedAt,
 		&i.ClaimID,
+		&i.Slot,
 	)
 	return i, err
 }

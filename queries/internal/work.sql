@@ -119,7 +119,7 @@ RETURNING machine_id;
 --     work row), and from the work table only if that says claimed, so
 --     that under SERIALIZABLE on PostgreSQL, whose reads of a missing key
 --     lock an index page, claims of other machines do not conflict
---     through it; the work table's key stays the arbiter (ON CONFLICT).
+--     through it; the work table's keys stay the arbiters (ON CONFLICT).
 --   - It writes the rows it claims (token and version). Under snapshot
 --     isolation (PostgreSQL's REPEATABLE READ) locking a row that a
 --     transaction committed after this one's snapshot wrote fails with
@@ -129,15 +129,25 @@ RETURNING machine_id;
 -- The machine's own row is not touched: retrievals and foreign keys read
 -- it, and on CockroachDB an exclusive lock blocks plain reads.
 --
+-- It enforces the process's controls (process_controls, see 000015): it
+-- reads the row FOR SHARE (a plain read on CockroachDB, whose SERIALIZABLE
+-- orders it against a change) and claims nothing if the row is missing
+-- (controlled is false: ProcessControlEnsure makes it) or paused. With a
+-- cap, each claim takes a free slot below it (process_slots, locked FOR
+-- UPDATE SKIP LOCKED; work_slot_idx makes a slot one live claim's), and
+-- none while a live claim holds a slot at or above the cap (the cap was
+-- lowered): claim_cap is the cap (NULL: none), free_slots how many slots
+-- it locked.
+--
 -- It is also the claiming transaction's session check, first and, when no
 -- statement follows it, last (see SessionCheck and SessionCheckBeforeCommit,
 -- which it replaces there): live reads and locks the session's row,
 -- nothing is claimed unless the session is alive at this statement, and it
 -- lowers the transaction's idle_in_transaction_session_timeout to the time
 -- the session has left (at most max_idle_ms). The statement returns one
--- row with alive and no claim if it claimed nothing. Being the check, it
--- comes right after the retrievals, whose snapshot is then as fresh as can
--- be when the candidates are locked.
+-- row with alive and the controls' state and no claim if it claimed
+-- nothing. Being the check, it comes right after the retrievals, whose
+-- snapshot is then as fresh as can be when the candidates are locked.
 WITH live AS (
     SELECT s.session_id,
            set_config('idle_in_transaction_session_timeout',
@@ -147,10 +157,28 @@ WITH live AS (
     FROM sessions s
     WHERE s.session_id = sqlc.arg(session_id)::UUID AND s.deadline > statement_timestamp()
     FOR KEY SHARE
+), ctl AS (
+    SELECT c.paused, c.claim_cap FROM process_controls c
+    WHERE c.process = sqlc.arg(process)::TEXT
+    FOR SHARE
+), open AS (
+    SELECT ctl.claim_cap FROM ctl WHERE NOT ctl.paused AND EXISTS (SELECT 1 FROM live)
+), slots AS (
+    SELECT s.slot FROM process_slots s, open o
+    WHERE s.process = sqlc.arg(process)::TEXT AND s.slot < o.claim_cap
+      AND NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.process = sqlc.arg(process)::TEXT AND w.slot >= o.claim_cap
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.process = sqlc.arg(process)::TEXT AND w.slot = s.slot
+      )
+    ORDER BY s.slot
+    LIMIT sqlc.arg(max_claims)::INT8
+    FOR UPDATE OF s SKIP LOCKED
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
     WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
-      AND EXISTS (SELECT 1 FROM live)
+      AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -161,11 +189,18 @@ WITH live AS (
     ORDER BY array_position(sqlc.arg(machine_ids)::UUID[], f.machine_id)
     LIMIT sqlc.arg(max_claims)::INT8
     FOR UPDATE SKIP LOCKED
+), picks AS (
+    SELECT l.machine_id, sl.slot
+    FROM (SELECT locked.machine_id,
+                 row_number() OVER (ORDER BY array_position(sqlc.arg(machine_ids)::UUID[], locked.machine_id)) AS n
+          FROM locked) AS l
+    LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.slot) AS n FROM slots) AS sl ON sl.n = l.n
+    WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
 ), claim AS (
-    INSERT INTO work (machine_id, process, session_id, started_at)
-    SELECT locked.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp()
-    FROM locked
-    ON CONFLICT (machine_id, process) DO NOTHING
+    INSERT INTO work (machine_id, process, session_id, started_at, slot)
+    SELECT picks.machine_id, sqlc.arg(process)::TEXT, sqlc.arg(session_id)::UUID, statement_timestamp(), picks.slot
+    FROM picks
+    ON CONFLICT DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
     UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1, claimed = TRUE
@@ -178,7 +213,12 @@ WITH live AS (
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
-SELECT EXISTS (SELECT 1 FROM live) AS alive, started.machine_id, started.claim_id, started.fencing_token
+SELECT EXISTS (SELECT 1 FROM live) AS alive,
+       EXISTS (SELECT 1 FROM ctl) AS controlled,
+       EXISTS (SELECT 1 FROM ctl WHERE ctl.paused) AS paused,
+       (SELECT ctl.claim_cap FROM ctl) AS claim_cap,
+       (SELECT count(*) FROM slots)::INT8 AS free_slots,
+       started.machine_id, started.claim_id, started.fencing_token
 FROM (SELECT 1) AS one LEFT JOIN started ON TRUE;
 
 -- name: WorkFinishMany :many

@@ -1,0 +1,119 @@
+package bmdb
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+
+	"github.com/bmdb-dev/bmdb/internal/store"
+)
+
+// Fleet controls: an operator pauses a process, or caps how many machines
+// it works on at once, for every component of the fleet (see "Fleet
+// controls" in the package doc for how the claim statement enforces them).
+
+// MaxCap is the largest cap CapProcess takes.
+const MaxCap = 10000
+
+// The actions of process_control_history.
+const (
+	actionPause  = "pause"
+	actionResume = "resume"
+	actionCap    = "cap"
+	actionUncap  = "uncap"
+)
+
+// PauseProcess pauses process fleet-wide: from the moment it returns nil,
+// no claim of process commits on any component (Work returns an error
+// wrapping ErrProcessPaused) until ResumeProcess. Claims held go on and end
+// normally. The pause is recorded, with this session's component as who
+// and reason as why, in process_control_history. It reports whether the
+// process was running (false: it was already paused, and nothing is
+// recorded). process need not have claimed yet; it must pass
+// ValidateProcess. Its transaction waits for the claims of process in
+// flight on PostgreSQL (bounded by lock_timeout, then retried); other
+// errors are Transact's.
+func (s *Session) PauseProcess(ctx context.Context, process, reason string) (changed bool, err error) {
+	return s.control(ctx, process, reason, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
+		return true, cap, actionPause
+	})
+}
+
+// ResumeProcess ends a pause of process (see PauseProcess): components
+// claim again at their next poll. It reports whether the process was
+// paused (false: it was running, and nothing is recorded).
+func (s *Session) ResumeProcess(ctx context.Context, process, reason string) (changed bool, err error) {
+	return s.control(ctx, process, reason, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
+		return false, cap, actionResume
+	})
+}
+
+// CapProcess caps process at n live claims fleet-wide, n in [1, MaxCap],
+// or removes its cap if n is 0: from the moment it returns nil, a claim of
+// process commits only if fewer than n claims of it are live, on every
+// component together (Work returns an error wrapping ErrCapReached
+// otherwise). Lowering the cap below the live claims lets them end
+// normally; new claims start again once none holds a slot at or above the
+// new cap and a slot below it is free, so that never more than n are live
+// once those have ended. The change is recorded as PauseProcess's is. It
+// reports whether the cap changed.
+func (s *Session) CapProcess(ctx context.Context, process string, n int, reason string) (changed bool, err error) {
+	if n < 0 || n > MaxCap {
+		return false, invalidArgument("CapProcess: n is %d, must be in [1, %d], or 0 for no cap", n, MaxCap)
+	}
+	return s.control(ctx, process, reason, func(paused bool, _ sql.NullInt64) (bool, sql.NullInt64, string) {
+		if n == 0 {
+			return paused, sql.NullInt64{}, actionUncap
+		}
+		return paused, sql.NullInt64{Int64: int64(n), Valid: true}, actionCap
+	})
+}
+
+// control changes the controls of process to what change returns given
+// the current ones, in one SERIALIZABLE session transaction, and records
+// the change with action unless it changes nothing.
+func (s *Session) control(ctx context.Context, process, reason string, change func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string)) (bool, error) {
+	if err := ValidateProcess(process); err != nil {
+		return false, err
+	}
+	reason = truncateCause(reason)
+	var changed bool
+	err := s.transact(ctx, serializable, func(tx *Tx) error {
+		cur, err := tx.q.ProcessControlLock(ctx, process)
+		if err != nil {
+			return fmt.Errorf("bmdb: locking the controls of %q: %w", process, err)
+		}
+		paused, cap, action := change(cur.Paused, cur.ClaimCap)
+		changed = paused != cur.Paused || cap != cur.ClaimCap
+		if !changed {
+			return nil
+		}
+		if cap.Valid {
+			err := tx.q.ProcessSlotsEnsure(ctx, store.ProcessSlotsEnsureParams{Process: process, ClaimCap: cap.Int64})
+			if err != nil {
+				return fmt.Errorf("bmdb: making the claim slots of %q: %w", process, err)
+			}
+		}
+		err = tx.q.ProcessControlSet(ctx, store.ProcessControlSetParams{
+			Process: process, Paused: paused, ClaimCap: cap, Action: action,
+			Actor: s.conn.cfg.ComponentName, RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: reason,
+		})
+		if err != nil {
+			return fmt.Errorf("bmdb: changing the controls of %q: %w", process, err)
+		}
+		return nil
+	})
+	return changed, err
+}
+
+// ensureControls makes the controls row of process (running, no cap) if
+// it has none, outside any transaction: every claim of process reads it.
+func (s *Session) ensureControls(ctx context.Context, process string) error {
+	err := s.autocommit(ctx, func(ctx context.Context) error {
+		return s.conn.prepared.ProcessControlEnsure(ctx, process)
+	})
+	if err != nil {
+		return fmt.Errorf("making the controls row of %q: %w", process, err)
+	}
+	return nil
+}

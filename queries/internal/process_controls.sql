@@ -1,0 +1,41 @@
+-- name: ProcessControlEnsure :exec
+-- ProcessControlEnsure creates the controls row of process (not paused, no
+-- cap) if it has none. Every claim of the process reads that row
+-- (WorkClaimMany) and claims nothing without it; it runs on its own,
+-- outside any claim transaction, before the process's first claim.
+INSERT INTO process_controls (process) VALUES (sqlc.arg(process))
+ON CONFLICT (process) DO NOTHING;
+
+-- name: ProcessControlLock :one
+-- ProcessControlLock creates the controls row of process if it has none,
+-- and returns it locked for the change that follows in the transaction:
+-- the lock waits for the claims of the process in flight (they hold it
+-- FOR SHARE), and claims that read the row before the change commits fail
+-- or are serialized before it (see WorkClaimMany).
+INSERT INTO process_controls (process) VALUES (sqlc.arg(process))
+ON CONFLICT (process) DO UPDATE SET paused = process_controls.paused
+RETURNING paused, claim_cap;
+
+-- name: ProcessControlSet :exec
+-- ProcessControlSet writes the controls of process (locked by
+-- ProcessControlLock), with who changed them, when and why, and records
+-- the change (action: pause, resume, cap or uncap) in
+-- process_control_history.
+WITH changed AS (
+    UPDATE process_controls
+    SET paused = sqlc.arg(paused), claim_cap = sqlc.narg(claim_cap)::INT8,
+        changed_at = statement_timestamp(), changed_by = sqlc.arg(actor)::TEXT, reason = sqlc.arg(reason)::TEXT
+    WHERE process = sqlc.arg(process)::TEXT
+    RETURNING process
+)
+INSERT INTO process_control_history (process, action, claim_cap, at, actor, runtime_info, reason)
+SELECT changed.process, sqlc.arg(action)::TEXT, sqlc.narg(claim_cap)::INT8, statement_timestamp(),
+       sqlc.arg(actor)::TEXT, sqlc.arg(runtime_info)::TEXT, sqlc.arg(reason)::TEXT
+FROM changed;
+
+-- name: ProcessSlotsEnsure :exec
+-- ProcessSlotsEnsure creates the slots 0..claim_cap-1 of process that do
+-- not exist (slots at or above a lowered cap stay, unused).
+INSERT INTO process_slots (process, slot)
+SELECT sqlc.arg(process)::TEXT, s FROM generate_series(0, sqlc.arg(claim_cap)::INT8 - 1) AS s
+ON CONFLICT (process, slot) DO NOTHING;
