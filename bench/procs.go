@@ -333,7 +333,7 @@ func (pb *procsBench) check(ctx context.Context, sys string, row procRow, r *pro
 		verdict = fmt.Sprintf("%d machines with exactly 1 Finished row, %d with none, %d with more", chk.one, chk.none, chk.many)
 		r.claimTxs = map[string]int64{}
 		rows, err := pb.bmdbDB.QueryContext(ctx, `
-SELECT component_name, count(DISTINCT (session_id, at)) FROM work_history
+SELECT component_name, count(DISTINCT xmin::text) FROM work_history
 WHERE process = 'bench' AND event = 'Started' GROUP BY component_name`)
 		if err != nil {
 			return err

@@ -138,13 +138,12 @@ func queued(s *Session, process string) int {
 }
 
 // startedPerTransaction returns the sizes of the session's claim
-// statements, from the Started rows each wrote (they share its
-// statement_timestamp()): with one statement per transaction, the sizes of
-// its claim transactions.
+// transactions, from the Started rows each wrote (grouped by the
+// transaction that wrote them: txKey).
 func (e *env) startedPerTransaction(s *Session) []int {
 	e.t.Helper()
 	rows, err := e.db.Query(`SELECT count(*) FROM work_history WHERE session_id = $1 AND event = 'Started'
-		GROUP BY at ORDER BY min(id)`, s.ID())
+		GROUP BY `+txKey()+` ORDER BY min(id)`, s.ID())
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -1,9 +1,12 @@
 package bmdb
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
+	"strings"
+	"unicode"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
 )
@@ -14,6 +17,16 @@ import (
 
 // MaxCap is the largest cap CapProcess takes.
 const MaxCap = 10000
+
+// A ControlChange says who changes a process's controls and why: both are
+// recorded in process_control_history, with the session's RuntimeInfo.
+type ControlChange struct {
+	// By is who: an operator's name, or empty for the session's
+	// component (Config.ComponentName). At most 128 bytes, printable.
+	By string
+	// Reason is why, free text, truncated as Fail's cause is.
+	Reason string
+}
 
 // The actions of process_control_history.
 const (
@@ -26,15 +39,14 @@ const (
 // PauseProcess pauses process fleet-wide: from the moment it returns nil,
 // no claim of process commits on any component (Work returns an error
 // wrapping ErrProcessPaused) until ResumeProcess. Claims held go on and end
-// normally. The pause is recorded, with this session's component as who
-// and reason as why, in process_control_history. It reports whether the
-// process was running (false: it was already paused, and nothing is
-// recorded). process need not have claimed yet; it must pass
-// ValidateProcess. Its transaction waits for the claims of process in
-// flight on PostgreSQL (bounded by lock_timeout, then retried); other
-// errors are Transact's.
-func (s *Session) PauseProcess(ctx context.Context, process, reason string) (changed bool, err error) {
-	return s.control(ctx, process, reason, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
+// normally. The pause is recorded, with ch, in process_control_history. It
+// reports whether the process was running (false: it was already paused,
+// and nothing is recorded). process need not have claimed yet; it must
+// pass ValidateProcess, and ch.By its bounds (else ErrInvalidArgument).
+// Its transaction waits for the claims of process in flight on PostgreSQL
+// (bounded by lock_timeout, then retried); other errors are Transact's.
+func (s *Session) PauseProcess(ctx context.Context, process string, ch ControlChange) (changed bool, err error) {
+	return s.control(ctx, process, ch, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
 		return true, cap, actionPause
 	})
 }
@@ -42,8 +54,8 @@ func (s *Session) PauseProcess(ctx context.Context, process, reason string) (cha
 // ResumeProcess ends a pause of process (see PauseProcess): components
 // claim again at their next poll. It reports whether the process was
 // paused (false: it was running, and nothing is recorded).
-func (s *Session) ResumeProcess(ctx context.Context, process, reason string) (changed bool, err error) {
-	return s.control(ctx, process, reason, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
+func (s *Session) ResumeProcess(ctx context.Context, process string, ch ControlChange) (changed bool, err error) {
+	return s.control(ctx, process, ch, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
 		return false, cap, actionResume
 	})
 }
@@ -56,12 +68,12 @@ func (s *Session) ResumeProcess(ctx context.Context, process, reason string) (ch
 // normally; new claims start again once none holds a slot at or above the
 // new cap and a slot below it is free, so that never more than n are live
 // once those have ended. The change is recorded as PauseProcess's is. It
-// reports whether the cap changed.
-func (s *Session) CapProcess(ctx context.Context, process string, n int, reason string) (changed bool, err error) {
+// reports whether the cap changed; n out of range is ErrInvalidArgument.
+func (s *Session) CapProcess(ctx context.Context, process string, n int, ch ControlChange) (changed bool, err error) {
 	if n < 0 || n > MaxCap {
 		return false, invalidArgument("CapProcess: n is %d, must be in [1, %d], or 0 for no cap", n, MaxCap)
 	}
-	return s.control(ctx, process, reason, func(paused bool, _ sql.NullInt64) (bool, sql.NullInt64, string) {
+	return s.control(ctx, process, ch, func(paused bool, _ sql.NullInt64) (bool, sql.NullInt64, string) {
 		if n == 0 {
 			return paused, sql.NullInt64{}, actionUncap
 		}
@@ -70,15 +82,23 @@ func (s *Session) CapProcess(ctx context.Context, process string, n int, reason 
 }
 
 // control changes the controls of process to what change returns given
-// the current ones, in one SERIALIZABLE session transaction, and records
-// the change with action unless it changes nothing.
-func (s *Session) control(ctx context.Context, process, reason string, change func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string)) (bool, error) {
+// the current ones, in one session transaction, and records the change
+// with action unless it changes nothing. A new cap gives the claims held
+// without a slot slots of their own, so that it counts them. On
+// PostgreSQL the transaction runs at READ COMMITTED: its first statement
+// waits for the claims in flight, and the next ones see them
+// (CockroachDB: SERIALIZABLE, which orders them).
+func (s *Session) control(ctx context.Context, process string, ch ControlChange, change func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string)) (bool, error) {
 	if err := ValidateProcess(process); err != nil {
 		return false, err
 	}
-	reason = truncateCause(reason)
+	if len(ch.By) > 128 || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return false, invalidArgument("ControlChange.By %q: must be at most 128 bytes, printable", ch.By)
+	}
+	by := cmp.Or(ch.By, s.conn.cfg.ComponentName)
+	reason := truncateCause(ch.Reason)
 	var changed bool
-	err := s.transact(ctx, serializable, func(tx *Tx) error {
+	err := s.transact(ctx, readCommitted, func(tx *Tx) error {
 		cur, err := tx.q.ProcessControlLock(ctx, process)
 		if err != nil {
 			return fmt.Errorf("bmdb: locking the controls of %q: %w", process, err)
@@ -93,10 +113,13 @@ func (s *Session) control(ctx context.Context, process, reason string, change fu
 			if err != nil {
 				return fmt.Errorf("bmdb: making the claim slots of %q: %w", process, err)
 			}
+			if _, err := tx.q.WorkSlotsAssign(ctx, process); err != nil {
+				return fmt.Errorf("bmdb: giving the claims of %q slots: %w", process, err)
+			}
 		}
 		err = tx.q.ProcessControlSet(ctx, store.ProcessControlSetParams{
 			Process: process, Paused: paused, ClaimCap: cap, Action: action,
-			Actor: s.conn.cfg.ComponentName, RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: reason,
+			Actor: by, RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: reason,
 		})
 		if err != nil {
 			return fmt.Errorf("bmdb: changing the controls of %q: %w", process, err)

@@ -16,13 +16,21 @@ import (
 // Fleet controls (issue 26): pauses and caps, enforced by the claim
 // statement, on every Connection at once.
 
+// steady is a Connection option for these tests: a session interval long
+// enough that a loaded machine does not expire sessions by accident (the
+// tests that need an expiry force it in the database).
+func steady(c *Config) { c.SessionInterval = 10 * time.Second }
+
+// operator is steady, for the operator's Connection.
+func operator(c *Config) { steady(c); c.ComponentName = "operator" }
+
 // A pause stops claims on every Connection from the moment it commits,
 // while claims held end normally (Finish, Fail, Cancel); a second pause
 // and a resume of a running process change nothing and say so; resume
 // lets claims start again; each change is recorded with who and why.
 func TestPauseAndResume(t *testing.T) {
 	e := newWorkEnv(t)
-	c1, c2 := e.open(), e.open(func(c *Config) { c.ComponentName = "operator" })
+	c1, c2 := e.open(steady), e.open(operator)
 	s1, op := e.session(c1), e.session(c2)
 	ms := []uuid.UUID{e.machine(), e.machine(), e.machine(), e.machine()}
 	held := make([]*Work, 3)
@@ -34,10 +42,10 @@ func TestPauseAndResume(t *testing.T) {
 		held[i] = w
 	}
 
-	if changed, err := op.PauseProcess(context.Background(), "install", "bad image"); err != nil || !changed {
+	if changed, err := op.PauseProcess(context.Background(), "install", ControlChange{By: "alice", Reason: "bad image"}); err != nil || !changed {
 		t.Fatalf("PauseProcess = %v, %v; want true, nil", changed, err)
 	}
-	if changed, err := op.PauseProcess(context.Background(), "install", "again"); err != nil || changed {
+	if changed, err := op.PauseProcess(context.Background(), "install", ControlChange{Reason: "again"}); err != nil || changed {
 		t.Fatalf("second PauseProcess = %v, %v; want false, nil", changed, err)
 	}
 	for _, s := range []*Session{s1, op} {
@@ -69,10 +77,10 @@ func TestPauseAndResume(t *testing.T) {
 		t.Errorf("stats %+v: want 2 paused calls, no nothing-to-do", st)
 	}
 
-	if changed, err := op.ResumeProcess(context.Background(), "install", "fixed"); err != nil || !changed {
+	if changed, err := op.ResumeProcess(context.Background(), "install", ControlChange{Reason: "fixed"}); err != nil || !changed {
 		t.Fatalf("ResumeProcess = %v, %v; want true, nil", changed, err)
 	}
-	if changed, err := op.ResumeProcess(context.Background(), "install", "again"); err != nil || changed {
+	if changed, err := op.ResumeProcess(context.Background(), "install", ControlChange{Reason: "again"}); err != nil || changed {
 		t.Fatalf("second ResumeProcess = %v, %v; want false, nil", changed, err)
 	}
 	w, err := s1.Work(context.Background(), "install", retrieveAll(ms[3]))
@@ -97,7 +105,7 @@ func TestPauseAndResume(t *testing.T) {
 		}
 		actions = append(actions, a)
 	}
-	if !slicesEqual(actions, "pause:operator:bad image", "resume:operator:fixed") {
+	if !slicesEqual(actions, "pause:alice:bad image", "resume:operator:fixed") {
 		t.Errorf("control history = %v", actions)
 	}
 }
@@ -114,10 +122,10 @@ func TestPauseIsExactUnderRacingClaims(t *testing.T) {
 	conns := make([]*Connection, k)
 	sessions := make([]*Session, k)
 	for i := range conns {
-		conns[i] = e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+		conns[i] = e.open(steady)
 		sessions[i] = e.session(conns[i])
 	}
-	op := e.session(e.open(func(c *Config) { c.ComponentName = "operator" }))
+	op := e.session(e.open(operator))
 	var paused atomic.Bool
 	var claimedAfter atomic.Int64 // Work calls that returned a claim after PauseProcess returned
 	var wg sync.WaitGroup
@@ -149,7 +157,7 @@ func TestPauseIsExactUnderRacingClaims(t *testing.T) {
 		}
 	}
 	eventually(t, 20*time.Second, "some machines done", func() bool { return e.count("SELECT count(*) FROM tag") >= 20 })
-	if _, err := op.PauseProcess(context.Background(), "install", "incident"); err != nil {
+	if _, err := op.PauseProcess(context.Background(), "install", ControlChange{Reason: "incident"}); err != nil {
 		t.Fatal(err)
 	}
 	paused.Store(true)
@@ -182,16 +190,16 @@ func TestCapLimitsLiveClaimsFleetWide(t *testing.T) {
 	for range machines {
 		e.machine()
 	}
-	op := e.session(e.open(func(c *Config) { c.ComponentName = "operator" }))
-	if changed, err := op.CapProcess(context.Background(), "install", limit, "image servers"); err != nil || !changed {
+	op := e.session(e.open(operator))
+	if changed, err := op.CapProcess(context.Background(), "install", limit, ControlChange{Reason: "image servers"}); err != nil || !changed {
 		t.Fatalf("CapProcess = %v, %v", changed, err)
 	}
-	if changed, err := op.CapProcess(context.Background(), "install", limit, "again"); err != nil || changed {
+	if changed, err := op.CapProcess(context.Background(), "install", limit, ControlChange{Reason: "again"}); err != nil || changed {
 		t.Fatalf("same CapProcess again = %v, %v; want false, nil", changed, err)
 	}
 	conns := make([]*Connection, k)
 	for i := range conns {
-		conns[i] = e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
+		conns[i] = e.open(steady)
 	}
 	stop := make(chan struct{})
 	var most atomic.Int64
@@ -299,9 +307,9 @@ func historyDepth(t *testing.T, e *env, process string) int {
 // cap admits claims again.
 func TestLoweredCapAndAbandonedSlots(t *testing.T) {
 	e := newWorkEnv(t)
-	op := e.session(e.open(func(c *Config) { c.ComponentName = "operator" }))
-	s := e.session(e.open())
-	if _, err := op.CapProcess(context.Background(), "install", 5, ""); err != nil {
+	op := e.session(e.open(operator))
+	s := e.session(e.open(steady))
+	if _, err := op.CapProcess(context.Background(), "install", 5, ControlChange{}); err != nil {
 		t.Fatal(err)
 	}
 	var works []*Work
@@ -316,7 +324,7 @@ func TestLoweredCapAndAbandonedSlots(t *testing.T) {
 	if _, err := s.Work(context.Background(), "install", retrieveAll(spare)); !errors.Is(err, ErrCapReached) {
 		t.Fatalf("Work at the cap = %v, want ErrCapReached", err)
 	}
-	if _, err := op.CapProcess(context.Background(), "install", 2, "lowered"); err != nil {
+	if _, err := op.CapProcess(context.Background(), "install", 2, ControlChange{Reason: "lowered"}); err != nil {
 		t.Fatal(err)
 	}
 	slotOf := func(w *Work) int {
@@ -352,7 +360,7 @@ func TestLoweredCapAndAbandonedSlots(t *testing.T) {
 	}
 	// Now at the cap (2): an expired session's claim frees its slot once
 	// it is Abandoned.
-	c2 := e.open()
+	c2 := e.open(steady)
 	s2 := e.session(c2)
 	if _, err := s2.Work(context.Background(), "install", retrieveAll(e.machine())); !errors.Is(err, ErrCapReached) {
 		t.Fatalf("Work at the lowered cap = %v, want ErrCapReached", err)
@@ -368,7 +376,7 @@ func TestLoweredCapAndAbandonedSlots(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Work after an Abandoned claim freed its slot: %v", err)
 	}
-	if _, err := op.CapProcess(context.Background(), "install", 0, "no cap"); err != nil {
+	if _, err := op.CapProcess(context.Background(), "install", 0, ControlChange{Reason: "no cap"}); err != nil {
 		t.Fatal(err)
 	}
 	for range 3 {
@@ -384,14 +392,14 @@ func TestLoweredCapAndAbandonedSlots(t *testing.T) {
 // until the process is resumed.
 func TestPausedProcessTakeoverAbandonsWithoutReclaim(t *testing.T) {
 	e := newWorkEnv(t)
-	op := e.session(e.open(func(c *Config) { c.ComponentName = "operator" }))
-	c2 := e.open()
-	s1, s2 := e.session(e.open()), e.session(c2)
+	op := e.session(e.open(operator))
+	c2 := e.open(steady)
+	s1, s2 := e.session(e.open(steady)), e.session(c2)
 	m := e.machine()
 	if _, err := s1.Work(context.Background(), "install", retrieveAll(m)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := op.PauseProcess(context.Background(), "install", ""); err != nil {
+	if _, err := op.PauseProcess(context.Background(), "install", ControlChange{}); err != nil {
 		t.Fatal(err)
 	}
 	e.expireInDB(s1.ID(), time.Minute)
@@ -404,7 +412,7 @@ func TestPausedProcessTakeoverAbandonsWithoutReclaim(t *testing.T) {
 	if got := e.events(m, s1, s2); !slicesEqual(got, "install:Started@1", "install:Abandoned@1") {
 		t.Fatalf("history = %v, want the claim Abandoned and not claimed again", got)
 	}
-	if _, err := op.ResumeProcess(context.Background(), "install", ""); err != nil {
+	if _, err := op.ResumeProcess(context.Background(), "install", ControlChange{}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s2.Work(context.Background(), "install", retrieveAll(m)); err != nil {
@@ -416,24 +424,154 @@ func TestPausedProcessTakeoverAbandonsWithoutReclaim(t *testing.T) {
 // A process that never claimed may be paused and capped.
 func TestControlsRejectBadInput(t *testing.T) {
 	e := newWorkEnv(t)
-	s := e.session(e.open())
+	s := e.session(e.open(steady))
 	for _, p := range []string{"", strings.Repeat("p", 129), "a\nb"} {
-		if _, err := s.PauseProcess(context.Background(), p, ""); !errors.Is(err, ErrInvalidArgument) {
+		if _, err := s.PauseProcess(context.Background(), p, ControlChange{}); !errors.Is(err, ErrInvalidArgument) {
 			t.Errorf("PauseProcess(%q) = %v, want ErrInvalidArgument", p, err)
 		}
 	}
+	for _, by := range []string{strings.Repeat("b", 129), "a\x00b"} {
+		if _, err := s.PauseProcess(context.Background(), "install", ControlChange{By: by}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "ControlChange.By") {
+			t.Errorf("PauseProcess by %q = %v, want ErrInvalidArgument naming ControlChange.By", by, err)
+		}
+	}
 	for _, n := range []int{-1, MaxCap + 1} {
-		if _, err := s.CapProcess(context.Background(), "install", n, ""); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "CapProcess") {
+		if _, err := s.CapProcess(context.Background(), "install", n, ControlChange{}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "CapProcess") {
 			t.Errorf("CapProcess(%d) = %v, want ErrInvalidArgument naming CapProcess", n, err)
 		}
 	}
-	if changed, err := s.CapProcess(context.Background(), "never-claimed", MaxCap, ""); err != nil || !changed {
+	if changed, err := s.CapProcess(context.Background(), "never-claimed", MaxCap, ControlChange{}); err != nil || !changed {
 		t.Errorf("CapProcess of a new process = %v, %v", changed, err)
 	}
-	if changed, err := s.PauseProcess(context.Background(), "never-claimed", ""); err != nil || !changed {
+	if changed, err := s.PauseProcess(context.Background(), "never-claimed", ControlChange{}); err != nil || !changed {
 		t.Errorf("PauseProcess of a new process = %v, %v", changed, err)
 	}
 	if n := e.count("SELECT count(*) FROM process_status WHERE process = 'never-claimed' AND paused AND claim_cap = $1", MaxCap); n != 1 {
 		t.Errorf("process_status does not show the paused, capped process")
+	}
+}
+
+// A cap set while claims race, uncapped, on several Connections: claims
+// held then drain, and from the cap's commit on, no claim starts while N
+// or more others are live (the history's intervals), including the
+// claims made before the cap, which it gives slots.
+func TestCapSetUnderRacingClaims(t *testing.T) {
+	e := newWorkEnv(t)
+	const k, goroutines, machines, limit = 3, 3, 300, 2
+	for range machines {
+		e.machine()
+	}
+	op := e.session(e.open(operator))
+	var wg sync.WaitGroup
+	for range k {
+		s := e.session(e.open(steady))
+		for range goroutines {
+			wg.Go(func() {
+				for {
+					w, err := s.Work(context.Background(), "install", retrieveUnclaimed)
+					switch {
+					case errors.Is(err, ErrCapReached), errors.Is(err, ErrWorkConflict):
+						time.Sleep(time.Millisecond)
+						continue
+					case errors.Is(err, ErrNothingToDo):
+						return
+					case err != nil:
+						t.Errorf("Work: %v", err)
+						return
+					}
+					time.Sleep(2 * time.Millisecond)
+					if err := w.Finish(context.Background(), tagCommit(w.Machine())); err != nil {
+						t.Errorf("Finish: %v", err)
+						return
+					}
+				}
+			})
+		}
+	}
+	eventually(t, 20*time.Second, "claims racing, uncapped", func() bool { return e.count("SELECT count(*) FROM tag") >= 20 })
+	if _, err := op.CapProcess(context.Background(), "install", limit, ControlChange{Reason: "mid-run"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE process = 'install' AND slot IS NULL"); n != 0 {
+		t.Errorf("%d claims without a slot after the cap", n)
+	}
+	wg.Wait()
+	if n := e.count("SELECT count(*) FROM tag"); n != machines {
+		t.Fatalf("%d machines done, want %d", n, machines)
+	}
+	var capAt time.Time
+	if err := e.db.QueryRow("SELECT changed_at FROM process_controls WHERE process = 'install'").Scan(&capAt); err != nil {
+		t.Fatal(err)
+	}
+	// For each claim started after the cap: how many claims' intervals
+	// (its own included) contain its start.
+	var worst int
+	err := e.db.QueryRow(`SELECT COALESCE(max(n), 0) FROM (
+		SELECT (SELECT count(*) FROM work_history s2
+		        JOIN work_history e2 ON e2.claim_id = s2.claim_id AND e2.event <> 'Started'
+		        WHERE s2.process = 'install' AND s2.event = 'Started' AND s2.at <= s.at AND e2.at > s.at) AS n
+		FROM work_history s WHERE s.process = 'install' AND s.event = 'Started' AND s.at > $1) AS x`, capAt).Scan(&worst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if worst > limit {
+		t.Errorf("a claim started after the cap with %d claims live, itself included; cap %d", worst, limit)
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE process = 'install' AND event = 'Started' AND at > $1", capAt); n < 20 {
+		t.Errorf("only %d claims after the cap: the test did not run under it", n)
+	}
+}
+
+// A cap set over claims made without one counts them: they get slots, and
+// a new claim waits until the ones above the cap have ended.
+func TestCapCountsClaimsMadeBeforeIt(t *testing.T) {
+	e := newWorkEnv(t)
+	op := e.session(e.open(operator))
+	s := e.session(e.open(steady))
+	var works []*Work
+	for range 3 {
+		w, err := s.Work(context.Background(), "install", retrieveAll(e.machine()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		works = append(works, w)
+	}
+	if _, err := op.CapProcess(context.Background(), "install", 2, ControlChange{}); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.count("SELECT count(DISTINCT slot) FROM work WHERE process = 'install' AND slot IS NOT NULL"); n != 3 {
+		t.Fatalf("%d distinct slots among the 3 claims held, want 3", n)
+	}
+	spare := e.machine()
+	if _, err := s.Work(context.Background(), "install", retrieveAll(spare)); !errors.Is(err, ErrCapReached) {
+		t.Fatalf("Work over the cap = %v, want ErrCapReached", err)
+	}
+	var above *Work
+	for _, w := range works {
+		var slot int
+		if err := e.db.QueryRow("SELECT slot FROM work WHERE claim_id = $1", w.ClaimID()).Scan(&slot); err != nil {
+			t.Fatal(err)
+		}
+		if slot >= 2 {
+			above = w
+		}
+	}
+	if err := above.Finish(context.Background(), tagCommit(above.Machine())); err != nil {
+		t.Fatal(err)
+	}
+	// 2 live, the cap.
+	if _, err := s.Work(context.Background(), "install", retrieveAll(spare)); !errors.Is(err, ErrCapReached) {
+		t.Fatalf("Work at the cap = %v, want ErrCapReached", err)
+	}
+	for _, w := range works {
+		if w != above {
+			if err := w.Finish(context.Background(), tagCommit(w.Machine())); err != nil {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if _, err := s.Work(context.Background(), "install", retrieveAll(spare)); err != nil {
+		t.Fatalf("Work below the cap: %v", err)
 	}
 }

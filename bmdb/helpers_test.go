@@ -250,3 +250,12 @@ func noCommit(*Tx) error { return nil }
 
 // slicesEqual reports whether got holds exactly want, in order.
 func slicesEqual(got []string, want ...string) bool { return slices.Equal(got, want) }
+
+// txKey is an expression that tells the transaction that wrote a row:
+// PostgreSQL's xmin, CockroachDB's MVCC timestamp (its commit timestamp).
+func txKey() string {
+	if testdb.Cockroach() {
+		return "crdb_internal_mvcc_timestamp"
+	}
+	return "xmin::text"
+}

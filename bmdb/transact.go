@@ -77,10 +77,12 @@ const cockroachRestartsPerTx = 3
 
 // The isolation levels of bmdb's transactions: SERIALIZABLE, and
 // snapshot isolation for batch transactions on PostgreSQL
-// (Config.SerializableBatches).
+// (Config.SerializableBatches); CockroachDB runs every one SERIALIZABLE.
 var (
 	serializable = &sql.TxOptions{Isolation: sql.LevelSerializable}
 	snapshot     = &sql.TxOptions{Isolation: sql.LevelRepeatableRead}
+	// readCommitted is the controls' (controls.go), on PostgreSQL.
+	readCommitted = &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 )
 
 // transact is the Connection's one transaction runner: it runs body in a

@@ -19,8 +19,15 @@
 // hour (an index range scan on work_history (at)) and the ages of the
 // claims now.
 //
-// It never writes. Every request runs short queries with LIMITs under
-// Options.QueryTimeout; lists page by keyset (no OFFSET scans).
+// The overview shows each process's fleet controls (paused, cap, live
+// claims; a banner per paused process). With Options.Actions, operators
+// who sign in with a token get buttons to pause, resume and cap a process
+// and to clear a backoff (see Actions); without, the pages never write.
+// Every response sends a Content-Security-Policy that allows only the
+// handler's own script and style sheet and no framing, and
+// X-Content-Type-Options: nosniff (security.go). Every request runs short
+// queries with LIMITs under Options.QueryTimeout; lists page by keyset (no
+// OFFSET scans).
 package web
 
 import (
@@ -51,14 +58,19 @@ type Options struct {
 	// QueryTimeout bounds the queries of one request. Defaults to
 	// QueryTimeoutDefault.
 	QueryTimeout time.Duration
+	// Actions, if set, lets signed-in operators act (see Actions).
+	// Defaults to nil: read-only pages.
+	Actions *Actions
 }
 
 // Handler is the http.Handler of the pages. It is safe for concurrent use.
 type Handler struct {
-	q    *model.Queries
-	db   *sql.DB
-	opts Options
-	mux  *http.ServeMux
+	q     *model.Queries
+	db    *sql.DB
+	opts  Options
+	mux   *http.ServeMux
+	ops   *operators // nil without Options.Actions
+	serve http.Handler
 }
 
 // New returns a Handler reading from db, which it does not close.
@@ -72,11 +84,20 @@ func New(db *sql.DB, opts Options) *Handler {
 	h.mux.HandleFunc("GET /machines", h.page("machines", h.machines))
 	h.mux.HandleFunc("GET /machine/{id}", h.page("machine", h.machine))
 	h.mux.HandleFunc("GET /session/{id}", h.page("session", h.session))
+	h.mux.Handle("GET /static/", static)
+	if opts.Actions != nil {
+		h.ops = newOperators(opts.Actions)
+		h.mux.HandleFunc("GET /login", h.loginPage)
+		h.mux.HandleFunc("POST /login", h.login)
+		h.mux.HandleFunc("POST /logout", h.logout)
+		h.mux.HandleFunc("POST /action/{name}", h.action)
+	}
+	h.serve = secure(h.mux)
 	return h
 }
 
 // ServeHTTP serves one request.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.mux.ServeHTTP(w, r) }
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) { h.serve.ServeHTTP(w, r) }
 
 // httpError is an error with the status to answer it with.
 type httpError struct {
@@ -113,10 +134,22 @@ func (h *Handler) page(name string, load loader) http.HandlerFunc {
 			writeJSON(w, http.StatusOK, data)
 			return
 		}
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		if err := render(w, name, h.opts.PathPrefix, data); err != nil {
-			klog.Warningf("web: rendering %s: %v", r.URL.Path, err)
-		}
+		h.renderPage(w, r, http.StatusOK, name, data)
+	}
+}
+
+// renderPage writes page name with data as HTML, with the signed-in
+// operator's forms and the outcome of their last action, if any.
+func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int, name string, data any) {
+	v := view{Prefix: h.opts.PathPrefix, Data: data, Actions: h.ops != nil}
+	if op := h.ops.of(r); op != nil {
+		v.Op, v.Flash = op, h.ops.takeFlash(op)
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	if err := render(w, name, v); err != nil {
+		klog.Warningf("web: rendering %s: %v", r.URL.Path, err)
 	}
 }
 
@@ -134,11 +167,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error, asJSON
 		writeJSON(w, he.status, map[string]string{"error": he.msg})
 		return
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.WriteHeader(he.status)
-	if err := render(w, "error", h.opts.PathPrefix, map[string]any{"Status": he.status, "Message": he.msg}); err != nil {
-		klog.Warningf("web: rendering error page: %v", err)
-	}
+	h.renderPage(w, r, he.status, "error", map[string]any{"Status": he.status, "Message": he.msg})
 }
 
 // wantsJSON reports whether the client asked for JSON.

@@ -31,6 +31,7 @@ func TestMain(m *testing.M) { bmdbtest.Main(m) }
 type fleet struct {
 	srv                *httptest.Server
 	db                 *sql.DB
+	conn               *bmdb.Connection
 	busy, failed, done uuid.UUID
 	sess               *bmdb.Session
 }
@@ -60,7 +61,7 @@ func seed(t *testing.T) *fleet {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	f := &fleet{db: conn.DB(), sess: sess, busy: ids[117], failed: ids[118], done: ids[119]}
+	f := &fleet{db: conn.DB(), conn: conn, sess: sess, busy: ids[117], failed: ids[118], done: ids[119]}
 	for _, m := range []uuid.UUID{f.busy, f.failed, f.done} {
 		if err := q.MachineProvidedInsert(ctx, pipelinedb.MachineProvidedInsertParams{MachineID: m, Provider: "dc-west"}); err != nil {
 			t.Fatal(err)
@@ -574,8 +575,10 @@ func TestRefreshAndTimes(t *testing.T) {
 	for _, path := range []string{"/", "/machines", "/machine/" + f.busy.String(), "/session/" + f.sess.ID().String()} {
 		_, body := f.get(t, path)
 		mustContain(t, path, body, `<span id="updated" data-now="`, `<button id="pause" type="button">pause</button>`,
-			`fetch(location.href`, `document.body.dataset.refreshes`)
+			`<script src="/static/bmdb.js"></script>`)
 	}
+	_, script := f.get(t, "/static/bmdb.js")
+	mustContain(t, "the script", script, `fetch(location.href`, `document.body.dataset.refreshes`)
 	_, body := f.get(t, "/machine/"+f.failed.String())
 	mustContain(t, "failed machine", body, `<span class="rel">in 59 m</span>`)
 	// The failure happened while seeding: "now", or seconds ago on a busy

@@ -37,6 +37,8 @@ type Overview struct {
 	// Processes say, per process, what is stuck or waiting and whether a
 	// live session serves it.
 	Processes []ProcessHealth `json:"processes"`
+	// Controls are the processes' fleet controls: paused, cap.
+	Controls []ProcessControl `json:"controls"`
 	// Stuck are claims held by expired sessions, oldest first (at most
 	// stuckClaims of them).
 	Stuck           []model.CurrentWork `json:"stuck"`
@@ -46,6 +48,17 @@ type Overview struct {
 	Events    []EventRates            `json:"events_per_minute"`
 	ClaimAges ClaimAges               `json:"claim_ages"`
 	Failures  []model.ReadableHistory `json:"recent_failures"`
+}
+
+// Paused returns the controls of the paused processes.
+func (o Overview) Paused() []ProcessControl {
+	var p []ProcessControl
+	for _, c := range o.Controls {
+		if c.Paused {
+			p = append(p, c)
+		}
+	}
+	return p
 }
 
 // Warnings returns the processes' warnings.
@@ -95,6 +108,9 @@ func (h *Handler) overview(ctx context.Context, _ *http.Request) (any, error) {
 		return nil, err
 	}
 	if o.ClaimAges, err = h.readClaimAges(ctx); err != nil {
+		return nil, err
+	}
+	if o.Controls, err = ReadProcessControls(ctx, h.q); err != nil {
 		return nil, err
 	}
 	o.Failures, err = h.q.ReadableHistoryRecentFailures(ctx, model.ReadableHistoryRecentFailuresParams{

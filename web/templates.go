@@ -18,7 +18,7 @@ var templateFS embed.FS
 var pages = map[string]*template.Template{}
 
 func init() {
-	for _, name := range []string{"overview", "machines", "machine", "session", "error"} {
+	for _, name := range []string{"overview", "machines", "machine", "session", "error", "login"} {
 		pages[name] = template.Must(template.New("layout.html").Funcs(funcs).
 			ParseFS(templateFS, "templates/layout.html", "templates/"+name+".html"))
 	}
@@ -88,7 +88,16 @@ func relative(d time.Duration) string {
 
 func urlQueryEscape(s string) string { return url.QueryEscape(s) }
 
-// render writes page name with data; prefix is where the handler is mounted.
-func render(w io.Writer, name, prefix string, data any) error {
-	return pages[name].Execute(w, map[string]any{"Prefix": prefix, "Data": data})
+// view is what a page's template gets.
+type view struct {
+	Prefix  string           // where the handler is mounted
+	Data    any              // the page's own
+	Actions bool             // operators may sign in (Options.Actions)
+	Op      *operatorSession // the signed-in operator, or nil
+	Flash   string           // the outcome of the operator's last action
+}
+
+// render writes page name with v.
+func render(w io.Writer, name string, v view) error {
+	return pages[name].Execute(w, v)
 }

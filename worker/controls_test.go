@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,7 +15,8 @@ import (
 // and picks work up again within one poll of the resume. Its held work
 // ends normally.
 func TestLoopWaitsOutAPause(t *testing.T) {
-	e := newEnv(t, 30)
+	const machines = 300
+	e := newEnv(t, machines)
 	op, err := e.conn.StartSession(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -23,6 +25,9 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 	var gate atomic.Bool // set: the next handler waits for the test, holding its claim
 	var held atomic.Int64
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	open := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(open)
 	const pollMax = 50 * time.Millisecond
 	l, stop := e.start(Config{
 		Concurrency: 3,
@@ -32,6 +37,7 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 			if gate.Load() && held.Add(1) == 1 {
 				<-release
 			}
+			time.Sleep(5 * time.Millisecond) // machines are left when the pause comes
 			return markDone(w), nil
 		},
 	})
@@ -39,7 +45,7 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 	eventually(t, 20*time.Second, "a few machines done", func() bool { return e.count("SELECT count(*) FROM done") >= 5 })
 	gate.Store(true)
 	eventually(t, 10*time.Second, "a handler holding its claim", func() bool { return held.Load() >= 1 })
-	if _, err := op.PauseProcess(context.Background(), process, "test"); err != nil {
+	if _, err := op.PauseProcess(context.Background(), process, bmdb.ControlChange{Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	var pausedAt time.Time
@@ -47,9 +53,12 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "the loop to find the pause", func() bool { return l.Stats().Paused >= 3 })
-	close(release) // the claims held end normally
+	open() // the claims held end normally
 	eventually(t, 10*time.Second, "the held claims to end", func() bool { return e.count("SELECT count(*) FROM work") == 0 })
 	doneAtPause := e.count("SELECT count(*) FROM done")
+	if doneAtPause >= machines {
+		t.Fatal("every machine was done before the pause: the test did not pause anything")
+	}
 	time.Sleep(5 * pollMax) // paused: a loop that counted this as idle would stop
 	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Started' AND at >= $1", pausedAt); n != 0 {
 		t.Errorf("%d claims started after the pause", n)
@@ -58,7 +67,7 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 		t.Errorf("%d machines done while paused, want %d", n, doneAtPause)
 	}
 	resumed := time.Now()
-	if _, err := op.ResumeProcess(context.Background(), process, "test"); err != nil {
+	if _, err := op.ResumeProcess(context.Background(), process, bmdb.ControlChange{Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 5*time.Second, "a claim after the resume", func() bool {
@@ -67,8 +76,8 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 	if took := time.Since(resumed); took > 2*pollMax+time.Second {
 		t.Errorf("first machine done %v after the resume, PollMax %v", took, pollMax)
 	}
-	eventually(t, 20*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == 30 })
-	if st := l.Stats(); st.Paused == 0 || st.Finished != 30 {
+	eventually(t, 30*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == machines })
+	if st := l.Stats(); st.Paused == 0 || st.Finished != machines {
 		t.Errorf("stats %+v", st)
 	}
 }
@@ -82,7 +91,7 @@ func TestLoopUnderACap(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer op.Close(context.Background())
-	if _, err := op.CapProcess(context.Background(), process, 2, "test"); err != nil {
+	if _, err := op.CapProcess(context.Background(), process, 2, bmdb.ControlChange{Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	var running, most atomic.Int64

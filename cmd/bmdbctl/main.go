@@ -1,6 +1,7 @@
 // Command bmdbctl is the operator's tool for a bmdb database: schema
 // migrations, what sessions, claims and backoffs exist now, a machine's
-// history, clearing a backoff, garbage collection and history retention.
+// history, clearing a backoff, pausing and capping a process, garbage
+// collection and history retention.
 //
 //	bmdbctl [flags] COMMAND [flags] [args]
 //
@@ -18,8 +19,17 @@
 //	history --machine ID [--process P] [--since D] [--limit N]
 //	history prune --older-than D [--batch N]
 //	backoff clear --machine ID --process P [--reason R]
+//	pause PROCESS [--reason R] [--by NAME]
+//	                               pause a process fleet-wide: no new claim of it anywhere
+//	resume PROCESS [--reason R] [--by NAME]
+//	cap PROCESS N | PROCESS --none [--reason R] [--by NAME]
+//	                               at most N live claims of it, fleet-wide; --none removes the cap
+//	processes [--history [--process P] [--limit N]]
+//	                               each process: paused or running, cap, live claims, last change
 //	gc                             delete expired sessions once
-//	serve [--addr HOST:PORT]       serve the read-only web pages (package web)
+//	serve [--addr HOST:PORT] [--operators FILE]
+//	                               serve the web pages (package web): read-only, or with
+//	                               action buttons for operators ($BMDB_OPERATORS too)
 //
 // Every command takes --dsn (default $BMDB_DSN), --json (machine-readable
 // output instead of a table) and --timeout. bmdbctl -h, --help or help
@@ -95,8 +105,12 @@ var commands = []command{
 	{"history", []string{"history --machine ID [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
 		"a machine's events, newest first; prune deletes old events of every machine", historyCommand},
 	{"backoff", []string{"backoff clear --machine ID --process P [--reason R]"}, "clear a backoff, recorded as BackoffCleared", backoffCommand},
+	{"pause", []string{"pause PROCESS [--reason R] [--by NAME]"}, "pause a process fleet-wide: no new claim of it commits anywhere until resume (held claims end normally)", pauseCommand},
+	{"resume", []string{"resume PROCESS [--reason R] [--by NAME]"}, "end a pause: components claim again at their next poll", resumeCommand},
+	{"cap", []string{"cap PROCESS N [--reason R] [--by NAME]", "cap PROCESS --none"}, "cap a process at N live claims, fleet-wide, or remove its cap", capCommand},
+	{"processes", []string{"processes [--history [--process P] [--limit N]]"}, "each process: paused or running, its cap, live claims, last change; --history lists the changes", processesCommand},
 	{"gc", []string{"gc"}, "delete expired sessions once", gcCommand},
-	{"serve", []string{"serve [--addr HOST:PORT]"}, "serve the read-only web pages (package web)", serveCommand},
+	{"serve", []string{"serve [--addr HOST:PORT] [--operators FILE]"}, "serve the web pages (package web): read-only, or with pause, resume, cap and clear-backoff buttons for operators who sign in (--operators FILE or $BMDB_OPERATORS: NAME:TOKEN entries)", serveCommand},
 }
 
 func main() {

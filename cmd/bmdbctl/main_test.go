@@ -51,8 +51,14 @@ func TestMain(m *testing.M) {
 // exit status.
 func ctl(t *testing.T, dsn string, args ...string) (string, string, int) {
 	t.Helper()
+	return ctlEnv(t, []string{"BMDB_DSN=" + dsn}, args...)
+}
+
+// ctlEnv runs the binary with env added to the test's environment.
+func ctlEnv(t *testing.T, env []string, args ...string) (string, string, int) {
+	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "BMDB_DSN="+dsn)
+	cmd.Env = append(os.Environ(), env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -696,7 +702,11 @@ func TestServe(t *testing.T) {
 	var url string
 	select {
 	case l := <-line:
-		url = strings.TrimSpace(strings.TrimPrefix(l, "serving "))
+		if fields := strings.Fields(l); len(fields) >= 3 && fields[0] == "serving" && fields[2] == "read-only" {
+			url = fields[1]
+		} else {
+			t.Fatalf("serve printed %q, want serving URL read-only", l)
+		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve printed no address")
 	}

@@ -108,6 +108,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workHistoryPruneStmt, err = db.PrepareContext(ctx, workHistoryPrune); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkHistoryPrune: %w", err)
 	}
+	if q.workSlotsAssignStmt, err = db.PrepareContext(ctx, workSlotsAssign); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkSlotsAssign: %w", err)
+	}
 	return &q, nil
 }
 
@@ -253,6 +256,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workHistoryPruneStmt: %w", cerr)
 		}
 	}
+	if q.workSlotsAssignStmt != nil {
+		if cerr := q.workSlotsAssignStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workSlotsAssignStmt: %w", cerr)
+		}
+	}
 	return err
 }
 
@@ -320,6 +328,7 @@ type Queries struct {
 	workGetStmt                  *sql.Stmt
 	workHistoryInsertStmt        *sql.Stmt
 	workHistoryPruneStmt         *sql.Stmt
+	workSlotsAssignStmt          *sql.Stmt
 }
 
 func (q *Queries) WithTx(tx *sql.Tx) *Queries {
@@ -354,5 +363,6 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workGetStmt:                  q.workGetStmt,
 		workHistoryInsertStmt:        q.workHistoryInsertStmt,
 		workHistoryPruneStmt:         q.workHistoryPruneStmt,
+		workSlotsAssignStmt:          q.workSlotsAssignStmt,
 	}
 }

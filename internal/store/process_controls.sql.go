@@ -105,3 +105,25 @@ func (q *Queries) ProcessSlotsEnsure(ctx context.Context, arg ProcessSlotsEnsure
 	_, err := q.exec(ctx, q.processSlotsEnsureStmt, processSlotsEnsure, arg.Process, arg.ClaimCap)
 	return err
 }
+
+const workSlotsAssign = `-- name: WorkSlotsAssign :execrows
+UPDATE work SET slot = b.base + x.n - 1
+FROM (SELECT w.machine_id, row_number() OVER (ORDER BY w.started_at, w.machine_id) AS n
+      FROM work w WHERE w.process = $1::TEXT AND w.slot IS NULL) AS x,
+     (SELECT COALESCE(max(w.slot) + 1, 0) AS base FROM work w WHERE w.process = $1::TEXT) AS b
+WHERE work.process = $1::TEXT AND work.machine_id = x.machine_id
+`
+
+// WorkSlotsAssign gives each claim of process that holds no slot (made
+// while the process had no cap) a slot of its own above every slot held,
+// so that a new cap counts it: new claims wait until no live claim holds a
+// slot at or above the cap (WorkClaimMany). It runs after
+// ProcessControlLock, which waited for the claims in flight, at READ
+// COMMITTED on PostgreSQL so that it sees them.
+func (q *Queries) WorkSlotsAssign(ctx context.Context, process string) (int64, error) {
+	result, err := q.exec(ctx, q.workSlotsAssignStmt, workSlotsAssign, process)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
+}

@@ -112,7 +112,7 @@ WITH live AS (
     WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at, slot)
-    SELECT picks.machine_id, $3::TEXT, $2::UUID, statement_timestamp(), picks.slot
+    SELECT picks.machine_id, $3::TEXT, $2::UUID, clock_timestamp(), picks.slot
     FROM picks
     ON CONFLICT DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
@@ -160,9 +160,12 @@ type WorkClaimManyRow struct {
 // (in their order) that are neither claimed for process nor in backoff for
 // it, records Started for each with its fencing token (one more than the
 // previous claim's), and returns the claimed machines with their claim ids
-// and tokens. Like every claim and end statement, it dates its rows by
-// statement_timestamp(), not by the transaction's start: sorted by time, a
-// machine's history is the order of its events.
+// and tokens. It dates its rows by the clock as it makes each claim
+// (clock_timestamp()), after it locked the machine's claim row and its
+// slot, not by the statement's start or the transaction's: sorted by
+// time, a machine's history is the order of its events, and a claim's
+// interval in the history (Started to its end, which end statements date
+// by their start) lies within the time it held its claim row and slot.
 //
 // It claims through each pair's work_fencing row, which every claim and
 // every end of the pair writes (this statement, WorkFinishMany,
@@ -541,10 +544,10 @@ type WorkFinishManyRow struct {
 // machine_ids that the session still holds, writes their work_fencing rows
 // (see WorkClaimMany), clears their backoffs, and returns their claim ids:
 // those missing were no longer held (the fence of a batch's Finishes). Like
-// every claim and end statement, it dates its rows by
-// statement_timestamp(), not by the transaction's start: sorted by time, a
-// machine's history is the order of its events (a takeover's Abandoned
-// before the new claim's Started).
+// every end statement, it dates its rows by statement_timestamp(), not by
+// the transaction's start: sorted by time, a machine's history is the
+// order of its events (a takeover's Abandoned before the new claim's
+// Started).
 //
 // It is also the transaction's session check, as WorkClaimMany is: it ends
 // nothing unless the session is alive at this statement, lowers the idle

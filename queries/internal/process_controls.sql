@@ -39,3 +39,16 @@ FROM changed;
 INSERT INTO process_slots (process, slot)
 SELECT sqlc.arg(process)::TEXT, s FROM generate_series(0, sqlc.arg(claim_cap)::INT8 - 1) AS s
 ON CONFLICT (process, slot) DO NOTHING;
+
+-- name: WorkSlotsAssign :execrows
+-- WorkSlotsAssign gives each claim of process that holds no slot (made
+-- while the process had no cap) a slot of its own above every slot held,
+-- so that a new cap counts it: new claims wait until no live claim holds a
+-- slot at or above the cap (WorkClaimMany). It runs after
+-- ProcessControlLock, which waited for the claims in flight, at READ
+-- COMMITTED on PostgreSQL so that it sees them.
+UPDATE work SET slot = b.base + x.n - 1
+FROM (SELECT w.machine_id, row_number() OVER (ORDER BY w.started_at, w.machine_id) AS n
+      FROM work w WHERE w.process = sqlc.arg(process)::TEXT AND w.slot IS NULL) AS x,
+     (SELECT COALESCE(max(w.slot) + 1, 0) AS base FROM work w WHERE w.process = sqlc.arg(process)::TEXT) AS b
+WHERE work.process = sqlc.arg(process)::TEXT AND work.machine_id = x.machine_id;

@@ -181,7 +181,7 @@ const (
 var (
 	sessionReads = []string{"-- name: SessionCheck", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "}   // their session id arguments are read
 	sessionWaits = []string{"-- name: SessionCheck :", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "} // reads that wait for a writer
-	sessionWrite = "-- name: SessionPoke :"                                                                    // the heartbeat
+	sessionWrite = "-- name: SessionPoke :"                                                                   // the heartbeat
 )
 
 // Answers the emulation gives in CockroachDB's stead.

@@ -1,0 +1,154 @@
+package web
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
+)
+
+// driven starts headless Chromium driven over the DevTools protocol, for
+// tests that click; it is closed at cleanup.
+func driven(t *testing.T, bin string) context.Context {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(bin), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.WindowSize(1280, 1400))
+	// A profile of its own, removed once the browser is gone (it writes
+	// there while it exits, which t.TempDir's cleanup would not wait for).
+	profile, err := os.MkdirTemp("", "bmdb-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts = append(opts, chromedp.UserDataDir(profile))
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelCtx := chromedp.NewContext(actx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelCtx()
+		cancelAlloc() // waits for the browser to exit
+		_ = os.RemoveAll(profile)
+	})
+	return ctx
+}
+
+// An operator in a real browser. Signed out, the overview offers no
+// action, and neither a crafted POST from the page nor a form another site
+// submits changes anything. Signed in with the token, the operator pauses
+// one process and caps another with the overview's buttons: both take
+// effect, are recorded with their name, and the overview shows them (a
+// banner for the pause); the screenshot shows it.
+func TestBrowserOperatorActions(t *testing.T) {
+	bin := chromium(t)
+	f := seed(t)
+	ctx := context.Background()
+	// A second process, with a claim, for the cap.
+	var extra uuid.UUID
+	if err := f.sess.Transact(ctx, func(tx *bmdb.Tx) error {
+		ids, err := tx.CreateMachines(ctx, 1)
+		extra = ids[0]
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.sess.Work(ctx, "burn-in", func(*bmdb.Tx) ([]uuid.UUID, error) { return []uuid.UUID{extra}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	srv := f.withActions(t)
+	// Another site, which submits a form to the pages as soon as it loads.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, `<form method="post" action="%s/action/pause"><input name="process" value="burn-in"><input name="csrf" value="guess"></form>
+<script>document.forms[0].submit()</script>`, srv.URL)
+	}))
+	defer evil.Close()
+	b := driven(t, bin)
+
+	var forms int
+	var crafted int
+	err := chromedp.Run(b,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible("#sign-in"),
+		chromedp.Evaluate(`document.querySelectorAll("form[action*='/action/']").length`, &forms),
+		chromedp.Evaluate(`fetch("/action/pause", {method: "POST", body: new URLSearchParams({process: "install-os", reason: "crafted"})}).then(r => r.status)`, &crafted,
+			func(p *runtime.EvaluateParams) *runtime.EvaluateParams { return p.WithAwaitPromise(true) }),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if forms != 0 || crafted != http.StatusForbidden {
+		t.Errorf("signed out: %d action forms, a crafted POST got %d; want none and 403", forms, crafted)
+	}
+
+	var operator string
+	err = chromedp.Run(b,
+		chromedp.Navigate(srv.URL+"/login"),
+		chromedp.SendKeys(`input[name=token]`, operatorToken),
+		chromedp.Click(`#login button`),
+		chromedp.WaitVisible("#operator"),
+		chromedp.Text("#operator", &operator),
+		// Another site's form, with the operator signed in here.
+		chromedp.Navigate(evil.URL+"/"),
+		chromedp.Sleep(500*time.Millisecond), // the form is submitted on load; nothing should come of it
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(`tr[data-process="install-os"] input[name=reason]`),
+		chromedp.SendKeys(`tr[data-process="install-os"] input[name=reason]`, "bad image"),
+		chromedp.Click(`tr[data-process="install-os"] button[value=pause]`),
+		chromedp.WaitVisible(`p.paused`),
+		chromedp.SendKeys(`tr[data-process="burn-in"] input[name=cap]`, "2"),
+		chromedp.Click(`tr[data-process="burn-in"] button[value=cap]`),
+		chromedp.WaitVisible(`#flash`),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if operator != "alice" {
+		t.Errorf("signed in as %q, want alice", operator)
+	}
+	var changes string
+	if err := f.db.QueryRow(`SELECT string_agg(process || ':' || action || ':' || COALESCE(claim_cap::text, '-') || ':' || actor || ':' || reason, ' ' ORDER BY id)
+		FROM process_control_history`).Scan(&changes); err != nil {
+		t.Fatal(err)
+	}
+	if changes != "install-os:pause:-:alice:bad image burn-in:cap:2:alice:" {
+		t.Errorf("recorded changes %q; want the pause and the cap by alice, and nothing from the crafted POST or the other site", changes)
+	}
+	var banner, flash string
+	var png []byte
+	err = chromedp.Run(b,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible(`p.paused`),
+		chromedp.Text(`p.paused`, &banner),
+		chromedp.Text(`#process-controls`, &flash),
+		chromedp.FullScreenshot(&png, 100),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(banner, "install-os is paused fleet-wide") || !strings.Contains(banner, "alice: bad image") {
+		t.Errorf("pause banner %q", banner)
+	}
+	if !strings.Contains(flash, "burn-in") || !strings.Contains(flash, "paused") {
+		t.Errorf("controls table %q", flash)
+	}
+	shot := filepath.Join(artifactDir(t), "fleet-controls.png")
+	if err := os.WriteFile(shot, png, 0o644); err != nil || len(png) < 10_000 {
+		t.Errorf("screenshot %s: %d bytes, %v", shot, len(png), err)
+	} else {
+		t.Logf("screenshot of the overview with a paused and a capped process: %s", shot)
+	}
+}
