@@ -395,9 +395,10 @@ func (s *Session) pokeOnce(deadline time.Time) (bool, error) {
 	return rows == 1, err
 }
 
-// collectGarbage runs one GC pass on behalf of the session, on the
-// heartbeat goroutine, bounded so that it cannot delay the next heartbeat:
-// it ends by the time that heartbeat is due, and within interval/4.
+// collectGarbage runs one periodic GC pass (a window, gc.go) on behalf of
+// the session, on the heartbeat goroutine, bounded so that it cannot delay
+// the next heartbeat: it ends by the time that heartbeat is due, and
+// within interval/4.
 func (s *Session) collectGarbage() {
 	budget := min(s.interval/4, time.Until(s.localDeadline.Load().Add(-s.lifetime/2)))
 	if budget < 10*time.Millisecond {
@@ -405,7 +406,7 @@ func (s *Session) collectGarbage() {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, budget)
 	defer cancel()
-	n, err := s.conn.CollectGarbage(ctx)
+	n, err := s.conn.collectGarbage(ctx, false)
 	switch {
 	case err != nil && s.ctx.Err() == nil:
 		klog.Warningf("bmdb: session %s: garbage collection failed: %v", s.id, err)
