@@ -282,8 +282,9 @@ var errStaleLease = errors.New("bmdb: transaction outlived the session deadline 
 // local deadline first, then the database clock, which also lowers the
 // server's idle-in-transaction timeout to the time the session has left.
 // So a transaction that passes it commits within one round trip, or, if
-// the client stalls before COMMIT, is ended by the server at the deadline:
-// no transaction of a session commits after its deadline.
+// the client stalls before COMMIT, is ended by the server: at the deadline
+// on PostgreSQL; on CockroachDB, where bmdb does not rely on the lowered
+// timeout, one interval after the check (SessionCheckBeforeCommit).
 func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx) error {
 	if err := s.alive(); err != nil {
 		return err

@@ -64,10 +64,13 @@ type SessionCheckBeforeCommitRow struct {
 // transaction: it returns the session's deadline as the transaction sees
 // it, if the session is alive at this statement, and lowers the
 // transaction's idle_in_transaction_session_timeout to the time left until
-// then (at most max_idle_ms), so that if the client stalls before COMMIT the
-// server ends the transaction at the deadline rather than commit it later.
-// On CockroachDB this, not a lock, bounds how long a stalled transaction of
-// a superseded session stays open (see SessionCheck).
+// then (at most max_idle_ms), so that if the client stalls before COMMIT,
+// PostgreSQL ends the transaction at the deadline rather than commit it
+// later. CockroachDB takes the setting, but that a value set inside a
+// transaction changes the wait already under way there is not confirmed,
+// and bmdb does not rely on it: there the connection's own timeout
+// (SessionInterval) ends a stalled transaction at most one interval after
+// this check (docs/cockroachdb.md, "How fencing works here").
 func (q *Queries) SessionCheckBeforeCommit(ctx context.Context, arg SessionCheckBeforeCommitParams) (SessionCheckBeforeCommitRow, error) {
 	row := q.queryRow(ctx, q.sessionCheckBeforeCommitStmt, sessionCheckBeforeCommit, arg.MaxIdleMs, arg.SessionID)
 	var i SessionCheckBeforeCommitRow

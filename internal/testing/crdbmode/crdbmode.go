@@ -13,7 +13,8 @@
 // RELEASE SAVEPOINT, an ambiguous commit point (40003 or a lost
 // connection, committed or not), a failed read refresh of a transaction
 // older than the closed timestamp, session checks that wait for a writer
-// of their row, and migration files applied one statement at a time.
+// of their row, a transaction's own idle timeout that changes nothing, and
+// migration files applied one statement at a time.
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.

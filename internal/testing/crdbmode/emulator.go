@@ -43,6 +43,8 @@ import (
 //     closed timestamp whose session row a heartbeat rewrote (40001 at
 //     RELEASE), and session checks that wait for a writer of the session
 //     row, bounded by lock_timeout, as a plain read waits for an intent.
+//   - A transaction's own idle_in_transaction_session_timeout
+//     (set_config(..., true)) changes nothing (localIdleTimeout).
 //   - Multi-statement scripts outside a transaction (migration files)
 //     applied one statement at a time, each committed (CockroachDB 25.x's
 //     autocommit_before_ddl), failing between two when
@@ -208,7 +210,7 @@ func (c *conn) Prepare(query string) (driver.Stmt, error) {
 }
 
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	st, err := c.pq.PrepareContext(ctx, query)
+	st, err := c.pq.PrepareContext(ctx, localIdleTimeout(query))
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +234,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if done, res, err := c.intercept(ctx, query, args); done {
 		return res, err
 	}
-	query, args = placeholders(query, args)
+	query, args = placeholders(localIdleTimeout(query), args)
 	return c.pq.ExecContext(ctx, query, args)
 }
 
@@ -246,7 +248,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		}
 		return nil, err
 	}
-	query, args = placeholders(query, args)
+	query, args = placeholders(localIdleTimeout(query), args)
 	return c.pq.QueryContext(ctx, query, args)
 }
 
@@ -353,6 +355,25 @@ func placeholders(query string, args []driver.NamedValue) (string, []driver.Name
 		return query, args
 	}
 	return strings.ReplaceAll(query, "current_setting($1)", "current_setting($1, true)"), out
+}
+
+// A transaction's own idle timeout. bmdb's last check before COMMIT lowers
+// idle_in_transaction_session_timeout for the rest of its transaction
+// (set_config(..., true)). On PostgreSQL the wait that follows uses it; on
+// CockroachDB that the value set inside a transaction changes the wait
+// already under way is not confirmed, and bmdb does not rely on it there.
+// The emulation takes the worst case: the setting goes to a placeholder
+// and changes nothing, so a stalled transaction is ended by the
+// connection's own timeout.
+var localIdleTimeoutCall = regexp.MustCompile(`(?s)set_config\('idle_in_transaction_session_timeout',(.*?),\s*true\)`)
+
+// localIdleTimeout rewrites query's transaction-local settings of the idle
+// timeout to the placeholder's.
+func localIdleTimeout(query string) string {
+	if !strings.Contains(query, "idle_in_transaction_session_timeout") {
+		return query
+	}
+	return localIdleTimeoutCall.ReplaceAllString(query, "set_config('"+placeholderPrefix+"idle_in_transaction_session_timeout',$1, true)")
 }
 
 // Reads that wait. On CockroachDB a plain read that meets another
