@@ -104,15 +104,13 @@ type Config struct {
 	// of a transaction (Transact's fn, a Work's retrieval, a Finish's
 	// commit callback, with bmdb's own statements) may run before its
 	// commit: one that ran longer returns an error wrapping
-	// ErrTransactionTooLong and is not retried. CockroachDB pushes the
-	// commit timestamp of a transaction older than its closed timestamp
-	// target (3 s by default), which must then refresh its reads; every
-	// session transaction reads its session's row, which the heartbeat
-	// rewrites every SessionInterval/2, so the refresh would fail on every
-	// attempt until the retries run out. Keep it below the cluster's
-	// kv.closed_timestamp.target_duration less the commit latency. Not
-	// applied on PostgreSQL. Negative: no bound. Defaults to
-	// MaxTransactionDurationDefault.
+	// ErrTransactionTooLong and is not retried: on CockroachDB a
+	// transaction older than the closed timestamp target (3 s by default)
+	// is pushed and fails its read refresh if a heartbeat of its session
+	// landed meanwhile, the likelier the longer it ran (txlimit.go). Keep it
+	// below the cluster's kv.closed_timestamp.target_duration less the
+	// commit latency. Not applied on PostgreSQL. Negative: no bound.
+	// Defaults to MaxTransactionDurationDefault.
 	MaxTransactionDuration time.Duration
 
 	// MaxOpenConns bounds the connection pool (database/sql's

@@ -43,9 +43,10 @@
 //     either commits below it, serialized before the takeover, or is
 //     pushed above it and fails its read refresh (40001), and its retry
 //     finds no session. The heartbeat rewrites the same row, so a
-//     transaction older than the closed timestamp (3 s), whose commit is
-//     pushed, would fail its refresh on every attempt: an attempt is
-//     bounded by Config.MaxTransactionDuration (ErrTransactionTooLong).
+//     transaction that writes when older than the closed timestamp (3 s),
+//     pushed to about now - 3 s, fails its refresh if a heartbeat landed
+//     in between: an attempt is bounded by Config.MaxTransactionDuration
+//     (ErrTransactionTooLong; docs/cockroachdb.md).
 //
 // So a worker that was partitioned, stalled or killed commits nothing after
 // it lost its claim.
@@ -138,8 +139,9 @@
 // transaction is claiming or ending for the process is skipped, not waited
 // for. No retrieval, foreign key or operator's query reads that row (the
 // machine's own row is not locked: on CockroachDB an exclusive lock also
-// blocks plain reads). A takeover skips an expired session another
-// transaction is taking over. A call whose candidates were all taken
+// blocks plain reads). A takeover skips an expired session that another
+// takeover or a GC is superseding (both lock its primary key). A call
+// whose candidates were all taken
 // returns ErrWorkConflict, which tells "others hold or are taking these"
 // from ErrNothingToDo. A pair's claim row is made before its first claim,
 // outside any claim transaction, so that no claim waits for another's

@@ -27,11 +27,12 @@ FOR KEY SHARE
 // until the transaction ends: a takeover or GC waits for the session's open
 // transactions (or aborts them). On CockroachDB, under SERIALIZABLE, FOR
 // KEY SHARE is a plain read (shared locking is off by default, and bmdb
-// pins it off): the delete lands above the transaction's read timestamp,
-// so the transaction either commits below it (serialized before the
-// takeover) or, pushed above it, fails its read refresh (40001) and its
-// retry finds no session. Either way no transaction of a superseded session
-// commits after the takeover.
+// pins it off), which waits for a writer of the row or a holder of an
+// exclusive lock on it: the delete lands above the transaction's read
+// timestamp, so the transaction either commits below it (serialized before
+// the takeover) or, pushed above it, fails its read refresh (40001) and
+// its retry finds no session. Either way no transaction of a superseded
+// session commits after the takeover.
 func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
 	var session_id uuid.UUID
@@ -254,10 +255,11 @@ WHERE session_id = $1 AND deadline > statement_timestamp()
 // CockroachDB now() keeps its value across a transaction's retries, and a
 // retried poke must not extend a session that expired meanwhile. It updates
 // no key column, so on PostgreSQL it does not conflict with the FOR KEY
-// SHARE lock of SessionCheck; on CockroachDB that clause takes no lock (see
-// SessionCheck), and the poke's write only pushes the session's open
-// transactions, which are bounded by Config.MaxTransactionDuration so that
-// their read refresh succeeds.
+// SHARE lock of SessionCheck. On CockroachDB that clause takes no lock
+// (see SessionCheck); the poke's write lands above the reads of the
+// session's open transactions, which fail their refresh only if pushed
+// above it (txlimit.go), and a check that meets the poke's uncommitted
+// write waits for it, one round trip (docs/cockroachdb.md).
 func (q *Queries) SessionPoke(ctx context.Context, sessionID uuid.UUID) (int64, error) {
 	result, err := q.exec(ctx, q.sessionPokeStmt, sessionPoke, sessionID)
 	if err != nil {

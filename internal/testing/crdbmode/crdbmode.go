@@ -61,9 +61,10 @@ type Settings struct {
 	// Seed seeds the injector's choices (0: random).
 	Seed uint64
 	// ClosedTimestamp is the emulated kv.closed_timestamp.target_duration:
-	// a transaction older than this at RELEASE whose session row a
-	// heartbeat wrote after it began fails its read refresh. 0:
-	// ClosedTimestampDefault; negative: never.
+	// a transaction older than this at RELEASE is pushed to that long ago,
+	// and fails its read refresh if a heartbeat wrote its session row
+	// between its start and then. 0: ClosedTimestampDefault; negative:
+	// never.
 	ClosedTimestamp time.Duration
 	// MigrationFailAfter, if positive, fails the next multi-statement
 	// migration file after that many of its statements ran (each committed

@@ -40,8 +40,8 @@ import (
 //     RELEASE (Settings.RetryRate), an ambiguous commit point, 40003 or a
 //     lost connection, committed or not (Settings.AmbiguousRate,
 //     NextCommit), a failed read refresh of a transaction older than the
-//     closed timestamp whose session row a heartbeat rewrote (40001 at
-//     RELEASE), and session checks that wait for a writer of the session
+//     closed timestamp whose session row a heartbeat rewrote before its
+//     push (40001 at RELEASE), and session checks that wait for a writer of the session
 //     row, bounded by lock_timeout, as a plain read waits for an intent.
 //   - A transaction's own idle_in_transaction_session_timeout
 //     (set_config(..., true)) changes nothing (localIdleTimeout).
@@ -58,8 +58,8 @@ type Emulator struct {
 	own    Counts  // this Emulator's: Injected
 
 	mu    sync.Mutex
-	rng   *rand.Rand           // guarded by mu
-	poked map[string]time.Time // guarded by mu: when a heartbeat last wrote each session's row
+	rng   *rand.Rand             // guarded by mu
+	poked map[string][]time.Time // guarded by mu: when heartbeats wrote each session's row, within pokeMemory
 
 	off        atomic.Bool  // stops injecting (tests that count retries)
 	nextCommit atomic.Int32 // the fate of the next commit point (tests); CommitAsIs: chance
@@ -77,7 +77,7 @@ func New(s Settings, counts *Counts) *Emulator {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string]time.Time{}}
+	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string][]time.Time{}}
 	e.failAfter.Store(int32(s.MigrationFailAfter))
 	return e
 }
@@ -324,7 +324,7 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 	if strings.HasPrefix(q, sessionWrite) {
 		e.mu.Lock()
 		for _, id := range stringArgs(args) {
-			e.poked[id] = time.Now()
+			e.poked[id] = remember(e.poked[id], time.Now())
 		}
 		e.mu.Unlock()
 	}
@@ -517,25 +517,46 @@ func (t *tx) release(ctx context.Context) error {
 
 // refresh emulates CockroachDB's read refresh at the commit point: a
 // transaction that began longer than the closed timestamp ago has its
-// commit timestamp pushed to the present, and must show that nothing it
-// read was written since it began. If a heartbeat rewrote a session row it
-// read, the refresh fails: 40001, on every attempt that lasts as long.
+// writes pushed to about now - closed timestamp, and must show that
+// nothing it read was written between its read timestamp and that one. If
+// a heartbeat rewrote a session row it read in that window, the refresh
+// fails: 40001. (Every emulated transaction counts as one that writes; a
+// read-only one is not pushed on CockroachDB.)
 func (t *tx) refresh() error {
 	e := t.c.e
 	closed := e.s.ClosedTimestampTarget()
 	if closed <= 0 || time.Since(t.start) <= closed {
 		return nil
 	}
+	pushed := time.Now().Add(-closed)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, id := range t.reads {
-		if e.poked[id].After(t.start) {
-			e.count(Refresh)
-			return injected(codeSerializationFailure, fmt.Sprintf(
-				"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: transaction older than the closed timestamp, %v)", id, closed))
+		for _, poke := range e.poked[id] {
+			if poke.After(t.start) && !poke.After(pushed) {
+				e.count(Refresh)
+				return injected(codeSerializationFailure, fmt.Sprintf(
+					"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: a heartbeat between the transaction's start and its push to the closed timestamp, %v ago)", id, closed))
+			}
 		}
 	}
 	return nil
+}
+
+// pokeMemory is how long the emulation remembers a heartbeat: longer than
+// any transaction it pushes lives.
+const pokeMemory = time.Minute
+
+// remember returns pokes with now added and those older than pokeMemory
+// dropped.
+func remember(pokes []time.Time, now time.Time) []time.Time {
+	keep := pokes[:0]
+	for _, p := range pokes {
+		if now.Sub(p) < pokeMemory {
+			keep = append(keep, p)
+		}
+	}
+	return append(keep, now)
 }
 
 func (t *tx) Commit() error {
