@@ -47,7 +47,8 @@ import (
 //     (set_config(..., true)) changes nothing (localIdleTimeout).
 //   - Multi-statement scripts outside a transaction (migration files)
 //     applied one statement at a time, each committed (CockroachDB 25.x's
-//     autocommit_before_ddl), failing between two when
+//     autocommit_before_ddl), CockroachDB's CREATE TYPE IF NOT EXISTS
+//     among them, failing between two when
 //     Settings.MigrationFailAfter asks.
 //
 // One Emulator serves a Connection's pools. It is safe for concurrent use; Hook must be
@@ -666,12 +667,17 @@ func (c *conn) execSplit(ctx context.Context, stmts []string) error {
 		if strings.Contains(st, spreadCheckMark) {
 			continue // CockroachDB's own DDL
 		}
+		st = createTypeIfNotExists.ReplaceAllString(st, "${1}DO $$crdb$$ BEGIN CREATE TYPE ${2}; EXCEPTION WHEN duplicate_object THEN NULL; END $$crdb$$")
 		if _, err := c.pq.ExecContext(ctx, st, nil); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// createTypeIfNotExists is CockroachDB's CREATE TYPE IF NOT EXISTS, which
+// PostgreSQL lacks: the emulation runs it as PostgreSQL's equivalent.
+var createTypeIfNotExists = regexp.MustCompile(`(?is)(^|\n)CREATE\s+TYPE\s+IF\s+NOT\s+EXISTS\s+(.*)$`)
 
 // splitStatements splits a script at the semicolons that end its
 // statements, not those inside comments, quotes or dollar quotes, and
