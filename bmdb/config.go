@@ -36,6 +36,11 @@ const (
 	// closed timestamp target (kv.closed_timestamp.target_duration, 3 s),
 	// for the commit's round trip and the clocks' offset.
 	MaxTransactionDurationDefault = 2 * time.Second
+	// MaxCreateMachines is the most machines one Tx.CreateMachines call
+	// creates: few enough that the call stays well within
+	// MaxTransactionDurationDefault on CockroachDB
+	// (TestCreateMachinesWithinTransactionBound).
+	MaxCreateMachines = 10000
 
 	// The longest Config.ComponentName, in bytes.
 	maxComponentNameLength = 255
