@@ -13,8 +13,9 @@
 // RELEASE SAVEPOINT, an ambiguous commit point (40003 or a lost
 // connection, committed or not), a failed read refresh of a transaction
 // older than the closed timestamp, session checks that wait for a writer
-// of their row, a transaction's own idle timeout that changes nothing, and
-// migration files applied one statement at a time.
+// of their row, plain reads that wait for exclusive locks, a
+// transaction's own idle timeout that changes nothing, and migration files
+// applied one statement at a time.
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
@@ -136,7 +137,7 @@ const (
 	ConnLoss                      // connection lost at the commit point
 	Refresh                       // 40001 at RELEASE: read refresh failed
 	MigrationFailures             // a migration file stopped half-way
-	ReadWaits                     // a session check timed out waiting for a writer
+	ReadWaits                     // a read timed out waiting for a writer or an exclusive lock
 	kinds
 )
 
@@ -150,6 +151,6 @@ func (c *Counts) Of(kind Kind) int64 { return c.n[kind].Load() }
 
 // Report returns the counts as one line.
 func (c *Counts) Report() string {
-	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer",
+	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer or a lock",
 		c.Of(Retryable), c.Of(Ambiguous), c.Of(ConnLoss), c.Of(Refresh), c.Of(ReadWaits))
 }

@@ -43,6 +43,8 @@ import (
 //     closed timestamp whose session row a heartbeat rewrote before its
 //     push (40001 at RELEASE), and session checks that wait for a writer of the session
 //     row, bounded by lock_timeout, as a plain read waits for an intent.
+//   - Plain reads of bmdb's transactions wait for exclusive locks and
+//     writes of the rows they read, bounded by lock_timeout (waitForLocks).
 //   - A transaction's own idle_in_transaction_session_timeout
 //     (set_config(..., true)) changes nothing (localIdleTimeout).
 //   - Multi-statement scripts outside a transaction (migration files)
@@ -322,6 +324,11 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 			}
 		}
 	}
+	if c.tx.crdb && plainRead(q) {
+		if err := c.waitForLocks(ctx, q, args); err != nil {
+			return err
+		}
+	}
 	if strings.HasPrefix(q, sessionWrite) {
 		e.mu.Lock()
 		for _, id := range stringArgs(args) {
@@ -406,6 +413,79 @@ func (c *conn) waitForWriters(ctx context.Context, id string) error {
 		return err
 	}
 	return nil
+}
+
+// Exclusive locks block plain reads. On CockroachDB a plain read waits for
+// a transaction that holds an exclusive lock (FOR UPDATE, FOR NO KEY
+// UPDATE) or an intent on a row it reads
+// (kv.lock.exclusive_locks_block_non_locking_reads.enabled, on by
+// default); on PostgreSQL it reads the last committed version. So a plain
+// SELECT of one of bmdb's transactions (a retrieval, one of bmdb's reads)
+// first runs again with FOR SHARE inside a savepoint, which waits for
+// such a holder as CockroachDB's read does and fails the same way at
+// lock_timeout, and rolls back to the savepoint, which releases its locks
+// at once. What PostgreSQL cannot lock that way is not emulated: rows of
+// an outer join's nullable side, of a subquery in WHERE, of a statement
+// with aggregates, DISTINCT or set operations (the FOR SHARE run fails and
+// the read goes on without waiting), and rows another transaction is
+// inserting, which PostgreSQL does not show.
+
+// lockingClause finds a statement's own locking clause.
+var lockingClause = regexp.MustCompile(`(?i)\bFOR\s+(?:UPDATE|SHARE|NO\s+KEY\s+UPDATE|KEY\s+SHARE)\b`)
+
+// plainRead reports whether q is a SELECT without a locking clause.
+func plainRead(q string) bool {
+	for {
+		q = strings.TrimSpace(q)
+		if !strings.HasPrefix(q, "--") {
+			break
+		}
+		if i := strings.IndexByte(q, '\n'); i >= 0 {
+			q = q[i+1:]
+		} else {
+			return false
+		}
+	}
+	return len(q) > 6 && strings.EqualFold(q[:6], "SELECT") && unicode.IsSpace(rune(q[6])) && !lockingClause.MatchString(q)
+}
+
+// waitForLocks waits, inside c's transaction, until no other transaction
+// holds an exclusive lock or a write on a row that q, a plain read, reads,
+// bounded by lock_timeout.
+func (c *conn) waitForLocks(ctx context.Context, q string, args []driver.NamedValue) error {
+	if _, err := c.pq.ExecContext(ctx, "SAVEPOINT bmdb_lock_wait", nil); err != nil {
+		return err
+	}
+	shared := strings.TrimRight(strings.TrimSpace(q), ";") + "\nFOR SHARE"
+	rows, err := c.pq.QueryContext(ctx, shared, args)
+	if err == nil {
+		dest := make([]driver.Value, len(rows.Columns()))
+		for err == nil {
+			err = rows.Next(dest)
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+	}
+	_, rerr := c.pq.ExecContext(ctx, "ROLLBACK TO SAVEPOINT bmdb_lock_wait; RELEASE SAVEPOINT bmdb_lock_wait", nil)
+	var pe *pq.Error
+	switch {
+	case err == nil:
+		return rerr
+	case !errors.As(err, &pe):
+		return err // the connection or ctx: the read would fail too
+	case pe.Code == codeLockNotAvailable:
+		c.e.count(ReadWaits)
+		return err
+	case pe.Code == codeDeadlockDetected || pe.Code == codeQueryCanceled:
+		return err
+	}
+	// PostgreSQL cannot lock what q reads (or the holder has committed
+	// since the snapshot): nothing to wait for.
+	return rerr
 }
 
 // lose closes c's connection as a network failure would, and returns the
@@ -754,6 +834,8 @@ const (
 	codeSerializationFailure       = "40001"
 	codeStatementCompletionUnknown = "40003"
 	codeLockNotAvailable           = "55P03"
+	codeDeadlockDetected           = "40P01"
+	codeQueryCanceled              = "57014"
 	codeSchemaChangeAborted        = "XXA00" // CockroachDB: committed, but the schema change aborted
 )
 
