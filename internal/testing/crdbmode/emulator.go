@@ -41,8 +41,9 @@ import (
 //     lost connection, committed or not (Settings.AmbiguousRate,
 //     NextCommit), a failed read refresh of a transaction older than the
 //     closed timestamp whose session row a heartbeat rewrote before its
-//     push (40001 at RELEASE), and session checks that wait for a writer of the session
-//     row, bounded by lock_timeout, as a plain read waits for an intent.
+//     push (40001 at RELEASE), and session checks that wait for a writer
+//     of the session row, bounded by lock_timeout, as a plain read waits
+//     for an intent.
 //   - Plain reads of bmdb's transactions wait for exclusive locks and
 //     writes of the rows they read, bounded by lock_timeout (waitForLocks).
 //   - A transaction's own idle_in_transaction_session_timeout
@@ -428,7 +429,8 @@ func (c *conn) waitForWriters(ctx context.Context, id string) error {
 // an outer join's nullable side, of a subquery in WHERE, of a statement
 // with aggregates, DISTINCT or set operations (the FOR SHARE run fails and
 // the read goes on without waiting), and rows another transaction is
-// inserting, which PostgreSQL does not show.
+// inserting, which PostgreSQL does not show. For its moment the share lock
+// holds up a writer of those rows, which CockroachDB's read would not.
 
 // lockingClause finds a statement's own locking clause.
 var lockingClause = regexp.MustCompile(`(?i)\bFOR\s+(?:UPDATE|SHARE|NO\s+KEY\s+UPDATE|KEY\s+SHARE)\b`)
