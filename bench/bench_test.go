@@ -28,13 +28,7 @@ var (
 // binary) with the bench's tables, and a session that the test closes.
 func benchConn(b *testing.B) (*bmdb.Connection, *bmdb.Session, string) {
 	b.Helper()
-	admin := os.Getenv("BMDB_TEST_DSN")
-	if admin == "" {
-		admin = os.Getenv("BMDB_DSN")
-	}
-	if admin == "" {
-		b.Skip("set BMDB_TEST_DSN or BMDB_DSN to a PostgreSQL server to run the benchmarks (make bench starts one)")
-	}
+	admin := adminDSN(b)
 	ctx := context.Background()
 	setupOnce.Do(func() { setupDSN, setupErr = freshDatabase(ctx, admin, testDatabase) })
 	if setupErr != nil {
@@ -54,6 +48,20 @@ func benchConn(b *testing.B) (*bmdb.Connection, *bmdb.Session, string) {
 	}
 	b.Cleanup(func() { sess.Close(context.Background()) })
 	return conn, sess, setupDSN
+}
+
+// adminDSN returns the server's DSN (BMDB_TEST_DSN, or BMDB_DSN), or skips
+// b without one.
+func adminDSN(b *testing.B) string {
+	b.Helper()
+	admin := os.Getenv("BMDB_TEST_DSN")
+	if admin == "" {
+		admin = os.Getenv("BMDB_DSN")
+	}
+	if admin == "" {
+		b.Skip("set BMDB_TEST_DSN or BMDB_DSN to a PostgreSQL server to run the benchmarks (make bench starts one)")
+	}
+	return admin
 }
 
 // reportRetries adds serialization retries per op to b's output.

@@ -36,6 +36,11 @@ const (
 	// closed timestamp target (kv.closed_timestamp.target_duration, 3 s),
 	// for the commit's round trip and the clocks' offset.
 	MaxTransactionDurationDefault = 2 * time.Second
+	// MaxCreateMachines is the most machines one Tx.CreateMachines call
+	// creates: few enough that the call stays well within
+	// MaxTransactionDurationDefault on CockroachDB
+	// (TestCreateMachinesWithinTransactionBound).
+	MaxCreateMachines = 10000
 
 	// The longest Config.ComponentName, in bytes.
 	maxComponentNameLength = 255
@@ -104,15 +109,13 @@ type Config struct {
 	// of a transaction (Transact's fn, a Work's retrieval, a Finish's
 	// commit callback, with bmdb's own statements) may run before its
 	// commit: one that ran longer returns an error wrapping
-	// ErrTransactionTooLong and is not retried. CockroachDB pushes the
-	// commit timestamp of a transaction older than its closed timestamp
-	// target (3 s by default), which must then refresh its reads; every
-	// session transaction reads its session's row, which the heartbeat
-	// rewrites every SessionInterval/2, so the refresh would fail on every
-	// attempt until the retries run out. Keep it below the cluster's
-	// kv.closed_timestamp.target_duration less the commit latency. Not
-	// applied on PostgreSQL. Negative: no bound. Defaults to
-	// MaxTransactionDurationDefault.
+	// ErrTransactionTooLong and is not retried: on CockroachDB a
+	// transaction older than the closed timestamp target (3 s by default)
+	// is pushed and fails its read refresh if a heartbeat of its session
+	// landed meanwhile, the likelier the longer it ran (txlimit.go). Keep it
+	// below the cluster's kv.closed_timestamp.target_duration less the
+	// commit latency. Not applied on PostgreSQL. Negative: no bound.
+	// Defaults to MaxTransactionDurationDefault.
 	MaxTransactionDuration time.Duration
 
 	// MaxOpenConns bounds the connection pool (database/sql's

@@ -52,6 +52,8 @@ type Connection struct {
 	// batchTx is the isolation of batch transactions (Config.SerializableBatches)
 	// on PostgreSQL; CockroachDB's are SERIALIZABLE. Set by Open.
 	batchTx *sql.TxOptions
+	// gc is where the periodic GC of the Connection's sessions got (gc.go).
+	gc gcWindow
 
 	closeOnce sync.Once
 	closed    atomic.Bool

@@ -44,9 +44,10 @@
 //     either commits below it, serialized before the takeover, or is
 //     pushed above it and fails its read refresh (40001), and its retry
 //     finds no session. The heartbeat rewrites the same row, so a
-//     transaction older than the closed timestamp (3 s), whose commit is
-//     pushed, would fail its refresh on every attempt: an attempt is
-//     bounded by Config.MaxTransactionDuration (ErrTransactionTooLong).
+//     transaction that writes when older than the closed timestamp (3 s),
+//     pushed to about now - 3 s, fails its refresh if a heartbeat landed
+//     in between: an attempt is bounded by Config.MaxTransactionDuration
+//     (ErrTransactionTooLong; docs/cockroachdb.md).
 //
 // So a worker that was partitioned, stalled or killed commits nothing after
 // it lost its claim.
@@ -62,13 +63,15 @@
 //
 // The server bounds a client that stalls or vanishes: each connection has
 // lock_timeout = SessionInterval/4 and idle_in_transaction_session_timeout
-// = SessionInterval, and the last check before COMMIT lowers the latter to
-// the lease the session has left. A takeover (or GC) is never ordered after
-// a transaction of the session it supersedes (see above): on PostgreSQL it
-// waits for it, bounded by those timeouts; on CockroachDB it does not wait
-// for its read, only for its writes (intents), and the pre-COMMIT check
-// and the lowered idle timeout bound how long the stalled transaction
-// stays open. One case is longer there: if the gateway node of a stalled
+// = SessionInterval, and on PostgreSQL the last check before COMMIT lowers
+// the latter to the lease the session has left (on CockroachDB bmdb does
+// not rely on that: docs/cockroachdb.md). A takeover (or GC) is never
+// ordered after a transaction of the session it supersedes (see above): on
+// PostgreSQL it waits for it, bounded by those timeouts; on CockroachDB it
+// does not wait for its read, only for its writes (intents), and the
+// pre-COMMIT check and the connection's idle timeout bound how long the
+// stalled transaction stays open: one interval after its stall began, at
+// most. One case is longer there: if the gateway node of a stalled
 // transaction dies, its intents stay until CockroachDB finds its
 // transaction record unheartbeated, about 5 s (kv's transaction liveness
 // threshold), so a takeover of what it wrote waits up to that long whatever
@@ -79,13 +82,16 @@
 //     the database clock, on a black-holed network too
 //     (TestBlackHoleEndsSessionAndCalls).
 //   - No transaction of a session commits after another session took one of
-//     its claims over, nor after the session's deadline on the database
-//     clock: a transaction stopped anywhere between its first check and its
-//     COMMIT, for longer than its lease, fails when it resumes and none of
-//     its writes are visible (TestStalledTransactionCommitsNothingAfterTakeover,
+//     its claims over, nor, on PostgreSQL, after the session's deadline on
+//     the database clock: a transaction stopped anywhere between its first
+//     check and its COMMIT, for longer than its lease, fails when it
+//     resumes and none of its writes are visible (TestStalledTransactionCommitsNothingAfterTakeover,
 //     TestPartitionBeforeCommitFencesFinish). The only window is a COMMIT
 //     that reached the server before the deadline and is still being
-//     processed at it.
+//     processed at it. On CockroachDB a transaction stopped after its last
+//     check may still commit up to one interval after the deadline, if no
+//     takeover or GC superseded its session meanwhile (it is then
+//     serialized before any later one).
 //   - A takeover waits behind a stalled or partitioned holder for at most
 //     about one interval after the holder's deadline, however long the
 //     stall.
@@ -134,8 +140,9 @@
 // transaction is claiming or ending for the process is skipped, not waited
 // for. No retrieval, foreign key or operator's query reads that row (the
 // machine's own row is not locked: on CockroachDB an exclusive lock also
-// blocks plain reads). A takeover skips an expired session another
-// transaction is taking over. A call whose candidates were all taken
+// blocks plain reads). A takeover skips an expired session that another
+// takeover or a GC is superseding (both lock its primary key). A call
+// whose candidates were all taken
 // returns ErrWorkConflict, which tells "others hold or are taking these"
 // from ErrNothingToDo. A pair's claim row is made before its first claim,
 // outside any claim transaction, so that no claim waits for another's

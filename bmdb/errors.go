@@ -75,7 +75,7 @@ var (
 	// ErrTransactionTooLong means a transaction attempt on CockroachDB ran
 	// longer than Config.MaxTransactionDuration before its commit: it was
 	// rolled back, nothing of it committed, and it was not retried, since
-	// an attempt as long would fail its read refresh again (see
+	// an attempt as long would likely fail its read refresh (see
 	// Config.MaxTransactionDuration). Shorten the callback: retrieve fewer
 	// candidates, do slow work outside the transaction.
 	ErrTransactionTooLong = errors.New("bmdb: transaction ran longer than Config.MaxTransactionDuration")

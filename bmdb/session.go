@@ -334,10 +334,11 @@ func (s *Session) maxIdleMs() int64 {
 // local deadline first, then the database clock, which also lowers the
 // server's idle-in-transaction timeout to the time the session has left.
 // So a transaction that passes it commits within one round trip, or, if
-// the client stalls before COMMIT, is ended by the server at the deadline:
-// no transaction of a session commits after its deadline. If c says the
-// attempt's last statement checked the database clock, only the local
-// deadline is checked again.
+// the client stalls before COMMIT, is ended by the server: at the deadline
+// on PostgreSQL; on CockroachDB, where bmdb does not rely on the lowered
+// timeout, one interval after the check (SessionCheckBeforeCommit). If c
+// says the attempt's last statement checked the database clock (as
+// SessionCheckBeforeCommit does), only the local deadline is checked again.
 func (s *Session) checkBeforeCommit(ctx context.Context, tx *Tx, c *checks) error {
 	if err := s.alive(); err != nil {
 		return err
@@ -443,9 +444,10 @@ func (s *Session) pokeOnce(deadline time.Time) (bool, error) {
 	return rows == 1, err
 }
 
-// collectGarbage runs one GC pass on behalf of the session, on the
-// heartbeat goroutine, bounded so that it cannot delay the next heartbeat:
-// it ends by the time that heartbeat is due, and within interval/4.
+// collectGarbage runs one periodic GC pass (a window, gc.go) on behalf of
+// the session, on the heartbeat goroutine, bounded so that it cannot delay
+// the next heartbeat: it ends by the time that heartbeat is due, and
+// within interval/4.
 func (s *Session) collectGarbage() {
 	budget := min(s.interval/4, time.Until(s.localDeadline.Load().Add(-s.lifetime/2)))
 	if budget < 10*time.Millisecond {
@@ -453,7 +455,7 @@ func (s *Session) collectGarbage() {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, budget)
 	defer cancel()
-	n, err := s.conn.CollectGarbage(ctx)
+	n, err := s.conn.collectGarbage(ctx, false)
 	switch {
 	case err != nil && s.ctx.Err() == nil:
 		klog.Warningf("bmdb: session %s: garbage collection failed: %v", s.id, err)

@@ -46,15 +46,14 @@ func (t *Tx) Queries() *model.Queries { return t.r }
 // from that).
 func (t *Tx) DBTX() model.DBTX { return t.tx }
 
-// maxCreateMachines bounds CreateMachines.
-const maxCreateMachines = 100000
-
 // CreateMachines inserts n new machines in the transaction and returns
 // their ids. It returns an error wrapping ErrInvalidArgument for n outside
-// [1, 100000].
+// [1, MaxCreateMachines]: one call is one INSERT, and on CockroachDB a
+// transaction must reach its commit within Config.MaxTransactionDuration.
+// Create more machines in several transactions.
 func (t *Tx) CreateMachines(ctx context.Context, n int) ([]uuid.UUID, error) {
-	if n < 1 || n > maxCreateMachines {
-		return nil, invalidArgument("CreateMachines: n is %d, must be in [1, %d]", n, maxCreateMachines)
+	if n < 1 || n > MaxCreateMachines {
+		return nil, invalidArgument("CreateMachines: n is %d, must be in [1, %d] (create more in several transactions)", n, MaxCreateMachines)
 	}
 	ids, err := t.q.MachineCreateMany(ctx, int64(n))
 	if err != nil {

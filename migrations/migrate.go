@@ -337,8 +337,11 @@ func (noFiles) ReadDir(name string) ([]fs.DirEntry, error) {
 // behind; on PostgreSQL its postgres driver over one connection.
 func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.Migrate, error) {
 	fsys := src.fsys
-	if fsys == nil {
+	switch {
+	case fsys == nil:
 		fsys = noFiles{}
+	case src.name == SchemaBmdb:
+		fsys = typesFS{FS: fsys, cockroach: mp.cockroach}
 	}
 	files, err := iofs.New(fsys, ".")
 	if err != nil {
@@ -376,6 +379,10 @@ func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.
 		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), err)
 	}
 	m.Log = migrateLogger{}
+	// golang-migrate reads the files ahead into a channel of this size
+	// and, if a migration fails, leaves its reader blocked on a full one:
+	// room for every file lets it finish.
+	m.PrefetchMigrations = max(m.PrefetchMigrations, uint(len(src.versions))+1)
 	return m, nil
 }
 

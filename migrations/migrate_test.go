@@ -3,10 +3,12 @@ package migrations
 import (
 	"context"
 	"errors"
+	"io/fs"
 	"strings"
 	"testing"
 	"testing/fstest"
 
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
@@ -89,5 +91,89 @@ func TestCockroachDirtyApplicationMigration(t *testing.T) {
 			t.Errorf("unmarked: the error does not say what exists: %v", err)
 		}
 		t.Logf("marked %v: %v", marked, err)
+	}
+}
+
+// bmdb's first migration is safe to run again too, on both engines:
+// stopped between two statements (emulated in cockroach mode, where
+// CockroachDB 25.x commits each DDL statement on its own), or dirty with
+// all of it applied (a migrator cut off after its server finished the
+// file), or with part of it dropped, the next Up runs it again and goes
+// on. (Before, a dirty 000001 was refused until an operator repaired it:
+// PostgreSQL has no CREATE TYPE IF NOT EXISTS.)
+func TestFirstMigrationRecovers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name  string
+		mode  crdbmode.Settings
+		setup string // run after migrating to version 1, leaving it dirty
+	}{
+		{"cockroach, stopped after the type", cockroach(6), ""},
+		{"cockroach, stopped after two statements", cockroach(2), ""},
+		{"applied in full", plain, "UPDATE schema_migrations SET dirty = true"},
+		{"applied in part", plain, "DROP TABLE work_backoff; DROP TABLE work_history; UPDATE schema_migrations SET dirty = true"},
+		{"cockroach, applied in full", cockroach(0), "UPDATE schema_migrations SET dirty = true"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testdb.SkipOnCockroach(t, "emulates the failures in cockroach mode")
+			dsn := testdb.NewEmpty(t)
+			if tc.setup == "" {
+				err := migrator(t, dsn, nil, tc.mode).Up(ctx)
+				if err == nil || !strings.Contains(err.Error(), "injected") {
+					t.Fatalf("Up with a failure in 000001 = %v", err)
+				}
+			} else {
+				migrateTo(t, migrator(t, dsn, nil, tc.mode), 1)
+				if _, err := openRaw(t, dsn).Exec(tc.setup); err != nil {
+					t.Fatal(err)
+				}
+			}
+			tc.mode.MigrationFailAfter = 0
+			m := migrator(t, dsn, nil, tc.mode)
+			if v := version(t, m, SchemaBmdb); v.Database != 1 || !v.Dirty {
+				t.Fatalf("version before recovery = %+v; want 1, dirty", v)
+			}
+			if err := m.Up(ctx); err != nil {
+				t.Fatalf("Up of a dirty 000001: %v", err)
+			}
+			if v := version(t, m, SchemaBmdb); v.Dirty || v.Database != v.Binary {
+				t.Fatalf("version after recovery = %+v", v)
+			}
+			for _, table := range []string{"machines", "sessions", "work", "work_history", "work_backoff", "work_fencing"} {
+				if !exists(t, dsn, table) {
+					t.Errorf("table %s missing after recovery", table)
+				}
+			}
+		})
+	}
+}
+
+// The files golang-migrate runs carry each CREATE TYPE in the engine's
+// idempotent form, and only bmdb's; sqlc and Schema read them as written.
+func TestIdempotentTypes(t *testing.T) {
+	t.Parallel()
+	body, err := fs.ReadFile(typesFS{FS: FS}, "000001_init.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := fs.ReadFile(FS, "000001_init.up.sql")
+	if !strings.Contains(string(raw), "\nCREATE TYPE work_history_event AS ENUM (") {
+		t.Fatalf("000001 no longer creates work_history_event as this test expects")
+	}
+	const pg = "DO $bmdb$ BEGIN CREATE TYPE work_history_event AS ENUM ('Started', 'Finished', 'Canceled', 'Failed', 'Abandoned'); EXCEPTION WHEN duplicate_object THEN NULL; END $bmdb$;"
+	if !strings.Contains(string(body), pg) {
+		t.Errorf("PostgreSQL's 000001 lacks %q:\n%s", pg, body)
+	}
+	cr, err := fs.ReadFile(typesFS{FS: FS, cockroach: true}, "000001_init.up.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(cr), "\nCREATE TYPE IF NOT EXISTS work_history_event AS ENUM (") {
+		t.Errorf("CockroachDB's 000001 lacks CREATE TYPE IF NOT EXISTS:\n%s", cr)
+	}
+	if got := idempotentTypes("-- CREATE TYPE x AS ENUM ('a');\nCREATE TYPE IF NOT EXISTS y AS ENUM ('b');\n", false); got != "-- CREATE TYPE x AS ENUM ('a');\nCREATE TYPE IF NOT EXISTS y AS ENUM ('b');\n" {
+		t.Errorf("idempotentTypes rewrote a comment or an idempotent statement: %q", got)
 	}
 }

@@ -58,9 +58,10 @@
 // what the file creates and which of it exists now, and says which
 // version that means the schema matches; once it matches one,
 // Migrator.Force (bmdbctl migrate force VERSION [--app NAME]) records it.
-// 000001 lacks the marker: PostgreSQL has no CREATE TYPE IF NOT EXISTS
-// (and on a database that had no schema, its repair is to drop what it
-// created). Application migrations follow the same rules.
+// Every file of bmdb's carries the marker, 000001 included, whose CREATE
+// TYPE bmdb runs in each engine's idempotent form (types.go), so a migrating
+// Open never refuses bmdb's schema as dirty. Application migrations follow
+// the same rules, their files run as written.
 package migrations
 
 import (

@@ -289,7 +289,8 @@ func printableDSN(dsn string) string {
 	return u.String()
 }
 
-// seed inserts n machines, in a session's transaction.
+// seed inserts n machines, in transactions of a session of up to
+// bmdb.MaxCreateMachines each.
 func seed(ctx context.Context, conn *bmdb.Connection, n int) error {
 	if n > 0 {
 		sess, err := conn.StartSession(ctx)
@@ -297,12 +298,14 @@ func seed(ctx context.Context, conn *bmdb.Connection, n int) error {
 			return err
 		}
 		defer sess.Close(context.WithoutCancel(ctx))
-		err = sess.Transact(ctx, func(tx *bmdb.Tx) error {
-			_, err := tx.CreateMachines(ctx, n)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("seeding %d machines: %w", n, err)
+		for done := 0; done < n; done += bmdb.MaxCreateMachines {
+			err = sess.Transact(ctx, func(tx *bmdb.Tx) error {
+				_, err := tx.CreateMachines(ctx, min(n-done, bmdb.MaxCreateMachines))
+				return err
+			})
+			if err != nil {
+				return fmt.Errorf("seeding %d machines: %w", n, err)
+			}
 		}
 	}
 	fmt.Printf("seeded %d machines; stages: provide -> start-agent -> install-os\n", n)

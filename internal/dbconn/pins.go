@@ -11,12 +11,21 @@ import (
 	"k8s.io/klog/v2"
 )
 
-// On CockroachDB, fencing relies on session settings an operator may
-// change for every role or the whole cluster (ALTER ROLE ALL SET ...). The
-// one that matters: with enable_shared_locking_for_serializable on, the
-// FOR KEY SHARE of every session check becomes a real shared lock, and the
-// heartbeat's UPDATE of the session row waits for every open transaction
-// of its own session, so a busy session starves its heartbeat and expires.
+// On CockroachDB, bmdb relies on session settings an operator may change
+// for every role or the whole cluster (ALTER ROLE ALL SET ...):
+//
+//   - enable_shared_locking_for_serializable: on, the FOR KEY SHARE of
+//     every session check becomes a real shared lock, and the heartbeat's
+//     UPDATE of the session row waits for every open transaction of its
+//     own session, so a busy session starves its heartbeat and expires.
+//   - enable_durable_locking_for_serializable: on, the locks of SERIALIZABLE
+//     transactions are replicated (cockroach#107749), the FOR UPDATE of
+//     every claim statement included. 23.2 refuses SKIP LOCKED with
+//     replicated locks (cockroach#116461, lifted in 24.1), so every claim
+//     would fail there; later, every claim's lock would be a replicated
+//     write, for nothing: under SERIALIZABLE bmdb's fencing does not rely
+//     on locks surviving a lease transfer or a node loss.
+//
 // So each connection of a pool with Settings.PinCockroach pins them to
 // what bmdb relies on, and the first one logs what it pinned.
 
@@ -30,7 +39,7 @@ var cockroachPins = []pin{
 	{"enable_shared_locking_for_serializable", "off",
 		"FOR KEY SHARE stays a plain read under SERIALIZABLE, so heartbeats never wait for their session's transactions"},
 	{"enable_durable_locking_for_serializable", "off",
-		"no replicated shared locks either (only read with shared locking on)"},
+		"claims' FOR UPDATE SKIP LOCKED locks stay unreplicated: 23.2 refuses SKIP LOCKED with replicated locks"},
 }
 
 // Statements of the pins: constant text, names and values as parameters.

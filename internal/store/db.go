@@ -57,6 +57,12 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.sessionDeleteManyStmt, err = db.PrepareContext(ctx, sessionDeleteMany); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionDeleteMany: %w", err)
 	}
+	if q.sessionExpiryBoundStmt, err = db.PrepareContext(ctx, sessionExpiryBound); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionExpiryBound: %w", err)
+	}
+	if q.sessionListExpiredStmt, err = db.PrepareContext(ctx, sessionListExpired); err != nil {
+		return nil, fmt.Errorf("error preparing query SessionListExpired: %w", err)
+	}
 	if q.sessionLockExpiredStmt, err = db.PrepareContext(ctx, sessionLockExpired); err != nil {
 		return nil, fmt.Errorf("error preparing query SessionLockExpired: %w", err)
 	}
@@ -169,6 +175,16 @@ func (q *Queries) Close() error {
 	if q.sessionDeleteManyStmt != nil {
 		if cerr := q.sessionDeleteManyStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing sessionDeleteManyStmt: %w", cerr)
+		}
+	}
+	if q.sessionExpiryBoundStmt != nil {
+		if cerr := q.sessionExpiryBoundStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionExpiryBoundStmt: %w", cerr)
+		}
+	}
+	if q.sessionListExpiredStmt != nil {
+		if cerr := q.sessionListExpiredStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing sessionListExpiredStmt: %w", cerr)
 		}
 	}
 	if q.sessionLockExpiredStmt != nil {
@@ -311,6 +327,8 @@ type Queries struct {
 	sessionCheckBeforeCommitStmt *sql.Stmt
 	sessionDeleteStmt            *sql.Stmt
 	sessionDeleteManyStmt        *sql.Stmt
+	sessionExpiryBoundStmt       *sql.Stmt
+	sessionListExpiredStmt       *sql.Stmt
 	sessionLockExpiredStmt       *sql.Stmt
 	sessionLockIfExpiredStmt     *sql.Stmt
 	sessionPokeStmt              *sql.Stmt
@@ -346,6 +364,8 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		sessionCheckBeforeCommitStmt: q.sessionCheckBeforeCommitStmt,
 		sessionDeleteStmt:            q.sessionDeleteStmt,
 		sessionDeleteManyStmt:        q.sessionDeleteManyStmt,
+		sessionExpiryBoundStmt:       q.sessionExpiryBoundStmt,
+		sessionListExpiredStmt:       q.sessionListExpiredStmt,
 		sessionLockExpiredStmt:       q.sessionLockExpiredStmt,
 		sessionLockIfExpiredStmt:     q.sessionLockIfExpiredStmt,
 		sessionPokeStmt:              q.sessionPokeStmt,

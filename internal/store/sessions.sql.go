@@ -27,11 +27,12 @@ FOR KEY SHARE
 // until the transaction ends: a takeover or GC waits for the session's open
 // transactions (or aborts them). On CockroachDB, under SERIALIZABLE, FOR
 // KEY SHARE is a plain read (shared locking is off by default, and bmdb
-// pins it off): the delete lands above the transaction's read timestamp,
-// so the transaction either commits below it (serialized before the
-// takeover) or, pushed above it, fails its read refresh (40001) and its
-// retry finds no session. Either way no transaction of a superseded session
-// commits after the takeover.
+// pins it off), which waits for a writer of the row or a holder of an
+// exclusive lock on it: the delete lands above the transaction's read
+// timestamp, so the transaction either commits below it (serialized before
+// the takeover) or, pushed above it, fails its read refresh (40001) and
+// its retry finds no session. Either way no transaction of a superseded
+// session commits after the takeover.
 func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
 	var session_id uuid.UUID
@@ -64,10 +65,13 @@ type SessionCheckBeforeCommitRow struct {
 // transaction: it returns the session's deadline as the transaction sees
 // it, if the session is alive at this statement, and lowers the
 // transaction's idle_in_transaction_session_timeout to the time left until
-// then (at most max_idle_ms), so that if the client stalls before COMMIT the
-// server ends the transaction at the deadline rather than commit it later.
-// On CockroachDB this, not a lock, bounds how long a stalled transaction of
-// a superseded session stays open (see SessionCheck).
+// then (at most max_idle_ms), so that if the client stalls before COMMIT,
+// PostgreSQL ends the transaction at the deadline rather than commit it
+// later. CockroachDB takes the setting, but that a value set inside a
+// transaction changes the wait already under way there is not confirmed,
+// and bmdb does not rely on it: there the connection's own timeout
+// (SessionInterval) ends a stalled transaction at most one interval after
+// this check (docs/cockroachdb.md, "How fencing works here").
 func (q *Queries) SessionCheckBeforeCommit(ctx context.Context, arg SessionCheckBeforeCommitParams) (SessionCheckBeforeCommitRow, error) {
 	row := q.queryRow(ctx, q.sessionCheckBeforeCommitStmt, sessionCheckBeforeCommit, arg.MaxIdleMs, arg.SessionID)
 	var i SessionCheckBeforeCommitRow
@@ -104,33 +108,98 @@ func (q *Queries) SessionDeleteMany(ctx context.Context, sessionIds []uuid.UUID)
 	return result.RowsAffected()
 }
 
+const sessionExpiryBound = `-- name: SessionExpiryBound :one
+SELECT (statement_timestamp() - $1::FLOAT8 * INTERVAL '1 second')::TIMESTAMPTZ AS bound
+`
+
+// SessionExpiryBound returns GC's expiry bound on the database clock: a
+// session whose deadline is before it expired more than grace_seconds ago.
+// No session's deadline is ever set below it (a heartbeat or a new session
+// sets now() + interval), which is what lets GC remember how far it got.
+func (q *Queries) SessionExpiryBound(ctx context.Context, graceSeconds float64) (time.Time, error) {
+	row := q.queryRow(ctx, q.sessionExpiryBoundStmt, sessionExpiryBound, graceSeconds)
+	var bound time.Time
+	err := row.Scan(&bound)
+	return bound, err
+}
+
+const sessionListExpired = `-- name: SessionListExpired :many
+SELECT session_id, deadline FROM sessions
+WHERE deadline >= $1::TIMESTAMPTZ AND deadline < $2::TIMESTAMPTZ
+ORDER BY deadline, session_id
+LIMIT $3
+`
+
+type SessionListExpiredParams struct {
+	After    time.Time
+	Before   time.Time
+	RowLimit int32
+}
+
+type SessionListExpiredRow struct {
+	SessionID uuid.UUID
+	Deadline  time.Time
+}
+
+// SessionListExpired returns up to row_limit sessions whose deadline is in
+// [after, before), oldest first, without locking them. before is
+// SessionExpiryBound's; after is where GC's last complete pass got (a
+// window), or the zero time (a full pass). It reads that span of
+// sessions_deadline_idx and nothing else, not the deleted entries that
+// heartbeats leave below the window on CockroachDB (gc.go).
+func (q *Queries) SessionListExpired(ctx context.Context, arg SessionListExpiredParams) ([]SessionListExpiredRow, error) {
+	rows, err := q.query(ctx, q.sessionListExpiredStmt, sessionListExpired, arg.After, arg.Before, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []SessionListExpiredRow{}
+	for rows.Next() {
+		var i SessionListExpiredRow
+		if err := rows.Scan(&i.SessionID, &i.Deadline); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const sessionLockExpired = `-- name: SessionLockExpired :many
 SELECT session_id FROM sessions
-WHERE deadline < statement_timestamp() - $1::FLOAT8 * INTERVAL '1 second'
+WHERE session_id = ANY ($1::UUID[])
 ORDER BY deadline, session_id
-LIMIT $2
 FOR UPDATE
 `
 
-type SessionLockExpiredParams struct {
-	GraceSeconds float64
-	RowLimit     int32
-}
-
-// SessionLockExpired locks, for deletion, the sessions whose deadline passed
-// more than grace_seconds ago, and returns their ids. It reads
-// sessions_deadline_idx from its start up to the expiry bound, oldest
-// first, so it reads (and locks) expired rows only: CockroachDB, unless
-// optimizer_use_lock_op_for_serializable is on, locks every row a FOR
-// UPDATE scan reads, and a scan in session_id order would lock live
-// sessions too and stall their heartbeats and checks. (deadline,
-// session_id) is a total order, the same in every concurrent GC, so two
-// GCs cannot deadlock. GC runs it first, so that it takes the session rows
-// before their claims, in the same order as every session transaction: a
-// stalled transaction's lock on its row (PostgreSQL) or its intents
-// (CockroachDB) make GC wait, bounded by lock_timeout.
-func (q *Queries) SessionLockExpired(ctx context.Context, arg SessionLockExpiredParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.sessionLockExpiredStmt, sessionLockExpired, arg.GraceSeconds, arg.RowLimit)
+// SessionLockExpired locks, for deletion, those of session_ids (expired
+// ones, from SessionListExpired) that still exist, by primary key, and
+// returns them. (An expired session's deadline never moves again, and a
+// condition on it would let PostgreSQL read sessions_deadline_idx from its
+// start instead of the keys.) A locking read locks only the keys of the
+// index it reads on CockroachDB (cockroach#57031), and a takeover's
+// SessionLockIfExpired reads the primary key: locked here, a session GC is
+// deleting is skipped by a takeover, and GC waits for a takeover in
+// progress (bounded by lock_timeout), after which the row is gone: on
+// PostgreSQL its SERIALIZABLE lock fails (40001) and the retry does not
+// see the row; on CockroachDB it reads above the takeover's commit or
+// fails its refresh (40001) and retries. The lookup reads only the given
+// keys, so it locks no live session (CockroachDB locks every row a
+// locking scan reads, unless optimizer_use_lock_op_for_serializable is
+// on). PostgreSQL locks the rows in (deadline, session_id) order, the same
+// in every GC, so two GCs cannot deadlock; CockroachDB detects a deadlock
+// and aborts one of them (40001, retried). GC runs it before it writes,
+// so that it takes the session rows before their claims, in the same
+// order as every session transaction: a stalled transaction's lock on its
+// row (PostgreSQL) or its intents (CockroachDB) make GC wait, bounded by
+// lock_timeout.
+func (q *Queries) SessionLockExpired(ctx context.Context, sessionIds []uuid.UUID) ([]uuid.UUID, error) {
+	rows, err := q.query(ctx, q.sessionLockExpiredStmt, sessionLockExpired, pq.Array(sessionIds))
 	if err != nil {
 		return nil, err
 	}
@@ -160,10 +229,13 @@ FOR NO KEY UPDATE SKIP LOCKED
 
 // SessionLockIfExpired locks an expired session for deletion (a takeover of
 // its claims) and returns its id; no row if it is alive, gone, or being
-// superseded by another transaction (a takeover or GC), which it skips
-// rather than wait for. The lock (NO KEY UPDATE) does not conflict with
-// the expired session's own transactions; the DELETE that follows does
-// (see Mechanism in bmdb's package doc).
+// superseded by another transaction (a takeover, or GC: SessionLockExpired
+// locks the same key), which it skips rather than wait for. On
+// PostgreSQL the lock (NO KEY UPDATE) does not conflict with the FOR KEY
+// SHARE of the expired session's own transactions; the DELETE that follows
+// does. On CockroachDB it is an exclusive lock, which a plain read waits
+// for: a check of the expired session waits for the takeover to end, and
+// then finds no session (see Mechanism in bmdb's package doc).
 func (q *Queries) SessionLockIfExpired(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
 	row := q.queryRow(ctx, q.sessionLockIfExpiredStmt, sessionLockIfExpired, sessionID)
 	var session_id uuid.UUID
@@ -183,10 +255,11 @@ WHERE session_id = $1 AND deadline > statement_timestamp()
 // CockroachDB now() keeps its value across a transaction's retries, and a
 // retried poke must not extend a session that expired meanwhile. It updates
 // no key column, so on PostgreSQL it does not conflict with the FOR KEY
-// SHARE lock of SessionCheck; on CockroachDB that clause takes no lock (see
-// SessionCheck), and the poke's write only pushes the session's open
-// transactions, which are bounded by Config.MaxTransactionDuration so that
-// their read refresh succeeds.
+// SHARE lock of SessionCheck. On CockroachDB that clause takes no lock
+// (see SessionCheck); the poke's write lands above the reads of the
+// session's open transactions, which fail their refresh only if pushed
+// above it (txlimit.go), and a check that meets the poke's uncommitted
+// write waits for it, one round trip (docs/cockroachdb.md).
 func (q *Queries) SessionPoke(ctx context.Context, sessionID uuid.UUID) (int64, error) {
 	result, err := q.exec(ctx, q.sessionPokeStmt, sessionPoke, sessionID)
 	if err != nil {

@@ -17,10 +17,11 @@ RETURNING session_id;
 -- CockroachDB now() keeps its value across a transaction's retries, and a
 -- retried poke must not extend a session that expired meanwhile. It updates
 -- no key column, so on PostgreSQL it does not conflict with the FOR KEY
--- SHARE lock of SessionCheck; on CockroachDB that clause takes no lock (see
--- SessionCheck), and the poke's write only pushes the session's open
--- transactions, which are bounded by Config.MaxTransactionDuration so that
--- their read refresh succeeds.
+-- SHARE lock of SessionCheck. On CockroachDB that clause takes no lock
+-- (see SessionCheck); the poke's write lands above the reads of the
+-- session's open transactions, which fail their refresh only if pushed
+-- above it (txlimit.go), and a check that meets the poke's uncommitted
+-- write waits for it, one round trip (docs/cockroachdb.md).
 UPDATE sessions
 SET deadline = statement_timestamp() + interval_seconds * INTERVAL '1 second'
 WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp();
@@ -34,11 +35,12 @@ WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp();
 -- until the transaction ends: a takeover or GC waits for the session's open
 -- transactions (or aborts them). On CockroachDB, under SERIALIZABLE, FOR
 -- KEY SHARE is a plain read (shared locking is off by default, and bmdb
--- pins it off): the delete lands above the transaction's read timestamp,
--- so the transaction either commits below it (serialized before the
--- takeover) or, pushed above it, fails its read refresh (40001) and its
--- retry finds no session. Either way no transaction of a superseded session
--- commits after the takeover.
+-- pins it off), which waits for a writer of the row or a holder of an
+-- exclusive lock on it: the delete lands above the transaction's read
+-- timestamp, so the transaction either commits below it (serialized before
+-- the takeover) or, pushed above it, fails its read refresh (40001) and
+-- its retry finds no session. Either way no transaction of a superseded
+-- session commits after the takeover.
 SELECT session_id FROM sessions
 WHERE session_id = sqlc.arg(session_id) AND deadline > statement_timestamp()
 FOR KEY SHARE;
@@ -48,10 +50,13 @@ FOR KEY SHARE;
 -- transaction: it returns the session's deadline as the transaction sees
 -- it, if the session is alive at this statement, and lowers the
 -- transaction's idle_in_transaction_session_timeout to the time left until
--- then (at most max_idle_ms), so that if the client stalls before COMMIT the
--- server ends the transaction at the deadline rather than commit it later.
--- On CockroachDB this, not a lock, bounds how long a stalled transaction of
--- a superseded session stays open (see SessionCheck).
+-- then (at most max_idle_ms), so that if the client stalls before COMMIT,
+-- PostgreSQL ends the transaction at the deadline rather than commit it
+-- later. CockroachDB takes the setting, but that a value set inside a
+-- transaction changes the wait already under way there is not confirmed,
+-- and bmdb does not rely on it: there the connection's own timeout
+-- (SessionInterval) ends a stalled transaction at most one interval after
+-- this check (docs/cockroachdb.md, "How fencing works here").
 SELECT deadline,
        set_config('idle_in_transaction_session_timeout',
            GREATEST(1, LEAST(sqlc.arg(max_idle_ms)::INT8,
@@ -66,32 +71,62 @@ FOR KEY SHARE;
 -- Callers record their history first.
 DELETE FROM sessions WHERE session_id = sqlc.arg(session_id);
 
--- name: SessionLockExpired :many
--- SessionLockExpired locks, for deletion, the sessions whose deadline passed
--- more than grace_seconds ago, and returns their ids. It reads
--- sessions_deadline_idx from its start up to the expiry bound, oldest
--- first, so it reads (and locks) expired rows only: CockroachDB, unless
--- optimizer_use_lock_op_for_serializable is on, locks every row a FOR
--- UPDATE scan reads, and a scan in session_id order would lock live
--- sessions too and stall their heartbeats and checks. (deadline,
--- session_id) is a total order, the same in every concurrent GC, so two
--- GCs cannot deadlock. GC runs it first, so that it takes the session rows
--- before their claims, in the same order as every session transaction: a
--- stalled transaction's lock on its row (PostgreSQL) or its intents
--- (CockroachDB) make GC wait, bounded by lock_timeout.
-SELECT session_id FROM sessions
-WHERE deadline < statement_timestamp() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second'
+-- name: SessionExpiryBound :one
+-- SessionExpiryBound returns GC's expiry bound on the database clock: a
+-- session whose deadline is before it expired more than grace_seconds ago.
+-- No session's deadline is ever set below it (a heartbeat or a new session
+-- sets now() + interval), which is what lets GC remember how far it got.
+SELECT (statement_timestamp() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second')::TIMESTAMPTZ AS bound;
+
+-- name: SessionListExpired :many
+-- SessionListExpired returns up to row_limit sessions whose deadline is in
+-- [after, before), oldest first, without locking them. before is
+-- SessionExpiryBound's; after is where GC's last complete pass got (a
+-- window), or the zero time (a full pass). It reads that span of
+-- sessions_deadline_idx and nothing else, not the deleted entries that
+-- heartbeats leave below the window on CockroachDB (gc.go).
+SELECT session_id, deadline FROM sessions
+WHERE deadline >= sqlc.arg(after)::TIMESTAMPTZ AND deadline < sqlc.arg(before)::TIMESTAMPTZ
 ORDER BY deadline, session_id
-LIMIT sqlc.arg(row_limit)
+LIMIT sqlc.arg(row_limit);
+
+-- name: SessionLockExpired :many
+-- SessionLockExpired locks, for deletion, those of session_ids (expired
+-- ones, from SessionListExpired) that still exist, by primary key, and
+-- returns them. (An expired session's deadline never moves again, and a
+-- condition on it would let PostgreSQL read sessions_deadline_idx from its
+-- start instead of the keys.) A locking read locks only the keys of the
+-- index it reads on CockroachDB (cockroach#57031), and a takeover's
+-- SessionLockIfExpired reads the primary key: locked here, a session GC is
+-- deleting is skipped by a takeover, and GC waits for a takeover in
+-- progress (bounded by lock_timeout), after which the row is gone: on
+-- PostgreSQL its SERIALIZABLE lock fails (40001) and the retry does not
+-- see the row; on CockroachDB it reads above the takeover's commit or
+-- fails its refresh (40001) and retries. The lookup reads only the given
+-- keys, so it locks no live session (CockroachDB locks every row a
+-- locking scan reads, unless optimizer_use_lock_op_for_serializable is
+-- on). PostgreSQL locks the rows in (deadline, session_id) order, the same
+-- in every GC, so two GCs cannot deadlock; CockroachDB detects a deadlock
+-- and aborts one of them (40001, retried). GC runs it before it writes,
+-- so that it takes the session rows before their claims, in the same
+-- order as every session transaction: a stalled transaction's lock on its
+-- row (PostgreSQL) or its intents (CockroachDB) make GC wait, bounded by
+-- lock_timeout.
+SELECT session_id FROM sessions
+WHERE session_id = ANY (sqlc.arg(session_ids)::UUID[])
+ORDER BY deadline, session_id
 FOR UPDATE;
 
 -- name: SessionLockIfExpired :one
 -- SessionLockIfExpired locks an expired session for deletion (a takeover of
 -- its claims) and returns its id; no row if it is alive, gone, or being
--- superseded by another transaction (a takeover or GC), which it skips
--- rather than wait for. The lock (NO KEY UPDATE) does not conflict with
--- the expired session's own transactions; the DELETE that follows does
--- (see Mechanism in bmdb's package doc).
+-- superseded by another transaction (a takeover, or GC: SessionLockExpired
+-- locks the same key), which it skips rather than wait for. On
+-- PostgreSQL the lock (NO KEY UPDATE) does not conflict with the FOR KEY
+-- SHARE of the expired session's own transactions; the DELETE that follows
+-- does. On CockroachDB it is an exclusive lock, which a plain read waits
+-- for: a check of the expired session waits for the takeover to end, and
+-- then finds no session (see Mechanism in bmdb's package doc).
 SELECT session_id FROM sessions
 WHERE session_id = sqlc.arg(session_id) AND deadline <= statement_timestamp()
 FOR NO KEY UPDATE SKIP LOCKED;

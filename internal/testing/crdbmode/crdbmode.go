@@ -13,7 +13,9 @@
 // RELEASE SAVEPOINT, an ambiguous commit point (40003 or a lost
 // connection, committed or not), a failed read refresh of a transaction
 // older than the closed timestamp, session checks that wait for a writer
-// of their row, and migration files applied one statement at a time.
+// of their row, plain reads that wait for exclusive locks, a
+// transaction's own idle timeout that changes nothing, and migration files
+// applied one statement at a time.
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
@@ -60,9 +62,10 @@ type Settings struct {
 	// Seed seeds the injector's choices (0: random).
 	Seed uint64
 	// ClosedTimestamp is the emulated kv.closed_timestamp.target_duration:
-	// a transaction older than this at RELEASE whose session row a
-	// heartbeat wrote after it began fails its read refresh. 0:
-	// ClosedTimestampDefault; negative: never.
+	// a transaction older than this at RELEASE is pushed to that long ago,
+	// and fails its read refresh if a heartbeat wrote its session row
+	// between its start and then. 0: ClosedTimestampDefault; negative:
+	// never.
 	ClosedTimestamp time.Duration
 	// MigrationFailAfter, if positive, fails the next multi-statement
 	// migration file after that many of its statements ran (each committed
@@ -134,7 +137,7 @@ const (
 	ConnLoss                      // connection lost at the commit point
 	Refresh                       // 40001 at RELEASE: read refresh failed
 	MigrationFailures             // a migration file stopped half-way
-	ReadWaits                     // a session check timed out waiting for a writer
+	ReadWaits                     // a read timed out waiting for a writer or an exclusive lock
 	kinds
 )
 
@@ -148,6 +151,6 @@ func (c *Counts) Of(kind Kind) int64 { return c.n[kind].Load() }
 
 // Report returns the counts as one line.
 func (c *Counts) Report() string {
-	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer",
+	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer or a lock",
 		c.Of(Retryable), c.Of(Ambiguous), c.Of(ConnLoss), c.Of(Refresh), c.Of(ReadWaits))
 }

@@ -40,12 +40,18 @@ import (
 //     RELEASE (Settings.RetryRate), an ambiguous commit point, 40003 or a
 //     lost connection, committed or not (Settings.AmbiguousRate,
 //     NextCommit), a failed read refresh of a transaction older than the
-//     closed timestamp whose session row a heartbeat rewrote (40001 at
-//     RELEASE), and session checks that wait for a writer of the session
-//     row, bounded by lock_timeout, as a plain read waits for an intent.
+//     closed timestamp whose session row a heartbeat rewrote before its
+//     push (40001 at RELEASE), and session checks that wait for a writer
+//     of the session row, bounded by lock_timeout, as a plain read waits
+//     for an intent.
+//   - Plain reads of bmdb's transactions wait for exclusive locks and
+//     writes of the rows they read, bounded by lock_timeout (waitForLocks).
+//   - A transaction's own idle_in_transaction_session_timeout
+//     (set_config(..., true)) changes nothing (localIdleTimeout).
 //   - Multi-statement scripts outside a transaction (migration files)
 //     applied one statement at a time, each committed (CockroachDB 25.x's
-//     autocommit_before_ddl), failing between two when
+//     autocommit_before_ddl), CockroachDB's CREATE TYPE IF NOT EXISTS
+//     among them, failing between two when
 //     Settings.MigrationFailAfter asks.
 //
 // One Emulator serves a Connection's pools. It is safe for concurrent use; Hook must be
@@ -56,8 +62,8 @@ type Emulator struct {
 	own    Counts  // this Emulator's: Injected
 
 	mu    sync.Mutex
-	rng   *rand.Rand           // guarded by mu
-	poked map[string]time.Time // guarded by mu: when a heartbeat last wrote each session's row
+	rng   *rand.Rand             // guarded by mu
+	poked map[string][]time.Time // guarded by mu: when heartbeats wrote each session's row, within pokeMemory
 
 	off        atomic.Bool  // stops injecting (tests that count retries)
 	nextCommit atomic.Int32 // the fate of the next commit point (tests); CommitAsIs: chance
@@ -75,7 +81,7 @@ func New(s Settings, counts *Counts) *Emulator {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string]time.Time{}}
+	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string][]time.Time{}}
 	e.failAfter.Store(int32(s.MigrationFailAfter))
 	return e
 }
@@ -208,7 +214,7 @@ func (c *conn) Prepare(query string) (driver.Stmt, error) {
 }
 
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	st, err := c.pq.PrepareContext(ctx, query)
+	st, err := c.pq.PrepareContext(ctx, localIdleTimeout(query))
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +238,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if done, res, err := c.intercept(ctx, query, args); done {
 		return res, err
 	}
-	query, args = placeholders(query, args)
+	query, args = placeholders(localIdleTimeout(query), args)
 	return c.pq.ExecContext(ctx, query, args)
 }
 
@@ -246,7 +252,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		}
 		return nil, err
 	}
-	query, args = placeholders(query, args)
+	query, args = placeholders(localIdleTimeout(query), args)
 	return c.pq.QueryContext(ctx, query, args)
 }
 
@@ -319,10 +325,15 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 			}
 		}
 	}
+	if c.tx.crdb && plainRead(q) {
+		if err := c.waitForLocks(ctx, q, args); err != nil {
+			return err
+		}
+	}
 	if strings.HasPrefix(q, sessionWrite) {
 		e.mu.Lock()
 		for _, id := range stringArgs(args) {
-			e.poked[id] = time.Now()
+			e.poked[id] = remember(e.poked[id], time.Now())
 		}
 		e.mu.Unlock()
 	}
@@ -355,6 +366,25 @@ func placeholders(query string, args []driver.NamedValue) (string, []driver.Name
 	return strings.ReplaceAll(query, "current_setting($1)", "current_setting($1, true)"), out
 }
 
+// A transaction's own idle timeout. bmdb's last check before COMMIT lowers
+// idle_in_transaction_session_timeout for the rest of its transaction
+// (set_config(..., true)). On PostgreSQL the wait that follows uses it; on
+// CockroachDB that the value set inside a transaction changes the wait
+// already under way is not confirmed, and bmdb does not rely on it there.
+// The emulation takes the worst case: the setting goes to a placeholder
+// and changes nothing, so a stalled transaction is ended by the
+// connection's own timeout.
+var localIdleTimeoutCall = regexp.MustCompile(`(?s)set_config\('idle_in_transaction_session_timeout',(.*?),\s*true\)`)
+
+// localIdleTimeout rewrites query's transaction-local settings of the idle
+// timeout to the placeholder's.
+func localIdleTimeout(query string) string {
+	if !strings.Contains(query, "idle_in_transaction_session_timeout") {
+		return query
+	}
+	return localIdleTimeoutCall.ReplaceAllString(query, "set_config('"+placeholderPrefix+"idle_in_transaction_session_timeout',$1, true)")
+}
+
 // Reads that wait. On CockroachDB a plain read that meets another
 // transaction's uncommitted write of the row (an intent) waits for that
 // transaction, bounded by lock_timeout (then 55P03); PostgreSQL reads the
@@ -384,6 +414,80 @@ func (c *conn) waitForWriters(ctx context.Context, id string) error {
 		return err
 	}
 	return nil
+}
+
+// Exclusive locks block plain reads. On CockroachDB a plain read waits for
+// a transaction that holds an exclusive lock (FOR UPDATE, FOR NO KEY
+// UPDATE) or an intent on a row it reads
+// (kv.lock.exclusive_locks_block_non_locking_reads.enabled, on by
+// default); on PostgreSQL it reads the last committed version. So a plain
+// SELECT of one of bmdb's transactions (a retrieval, one of bmdb's reads)
+// first runs again with FOR SHARE inside a savepoint, which waits for
+// such a holder as CockroachDB's read does and fails the same way at
+// lock_timeout, and rolls back to the savepoint, which releases its locks
+// at once. What PostgreSQL cannot lock that way is not emulated: rows of
+// an outer join's nullable side, of a subquery in WHERE, of a statement
+// with aggregates, DISTINCT or set operations (the FOR SHARE run fails and
+// the read goes on without waiting), and rows another transaction is
+// inserting, which PostgreSQL does not show. For its moment the share lock
+// holds up a writer of those rows, which CockroachDB's read would not.
+
+// lockingClause finds a statement's own locking clause.
+var lockingClause = regexp.MustCompile(`(?i)\bFOR\s+(?:UPDATE|SHARE|NO\s+KEY\s+UPDATE|KEY\s+SHARE)\b`)
+
+// plainRead reports whether q is a SELECT without a locking clause.
+func plainRead(q string) bool {
+	for {
+		q = strings.TrimSpace(q)
+		if !strings.HasPrefix(q, "--") {
+			break
+		}
+		if i := strings.IndexByte(q, '\n'); i >= 0 {
+			q = q[i+1:]
+		} else {
+			return false
+		}
+	}
+	return len(q) > 6 && strings.EqualFold(q[:6], "SELECT") && unicode.IsSpace(rune(q[6])) && !lockingClause.MatchString(q)
+}
+
+// waitForLocks waits, inside c's transaction, until no other transaction
+// holds an exclusive lock or a write on a row that q, a plain read, reads,
+// bounded by lock_timeout.
+func (c *conn) waitForLocks(ctx context.Context, q string, args []driver.NamedValue) error {
+	if _, err := c.pq.ExecContext(ctx, "SAVEPOINT bmdb_lock_wait", nil); err != nil {
+		return err
+	}
+	shared := strings.TrimRight(strings.TrimSpace(q), ";") + "\nFOR SHARE"
+	rows, err := c.pq.QueryContext(ctx, shared, args)
+	if err == nil {
+		dest := make([]driver.Value, len(rows.Columns()))
+		for err == nil {
+			err = rows.Next(dest)
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+	}
+	_, rerr := c.pq.ExecContext(ctx, "ROLLBACK TO SAVEPOINT bmdb_lock_wait; RELEASE SAVEPOINT bmdb_lock_wait", nil)
+	var pe *pq.Error
+	switch {
+	case err == nil:
+		return rerr
+	case !errors.As(err, &pe):
+		return err // the connection or ctx: the read would fail too
+	case pe.Code == codeLockNotAvailable:
+		c.e.count(ReadWaits)
+		return err
+	case pe.Code == codeDeadlockDetected || pe.Code == codeQueryCanceled:
+		return err
+	}
+	// PostgreSQL cannot lock what q reads (or the holder has committed
+	// since the snapshot): nothing to wait for.
+	return rerr
 }
 
 // lose closes c's connection as a network failure would, and returns the
@@ -496,25 +600,46 @@ func (t *tx) release(ctx context.Context) error {
 
 // refresh emulates CockroachDB's read refresh at the commit point: a
 // transaction that began longer than the closed timestamp ago has its
-// commit timestamp pushed to the present, and must show that nothing it
-// read was written since it began. If a heartbeat rewrote a session row it
-// read, the refresh fails: 40001, on every attempt that lasts as long.
+// writes pushed to about now - closed timestamp, and must show that
+// nothing it read was written between its read timestamp and that one. If
+// a heartbeat rewrote a session row it read in that window, the refresh
+// fails: 40001. (Every emulated transaction counts as one that writes; a
+// read-only one is not pushed on CockroachDB.)
 func (t *tx) refresh() error {
 	e := t.c.e
 	closed := e.s.ClosedTimestampTarget()
 	if closed <= 0 || time.Since(t.start) <= closed {
 		return nil
 	}
+	pushed := time.Now().Add(-closed)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, id := range t.reads {
-		if e.poked[id].After(t.start) {
-			e.count(Refresh)
-			return injected(codeSerializationFailure, fmt.Sprintf(
-				"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: transaction older than the closed timestamp, %v)", id, closed))
+		for _, poke := range e.poked[id] {
+			if poke.After(t.start) && !poke.After(pushed) {
+				e.count(Refresh)
+				return injected(codeSerializationFailure, fmt.Sprintf(
+					"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: a heartbeat between the transaction's start and its push to the closed timestamp, %v ago)", id, closed))
+			}
 		}
 	}
 	return nil
+}
+
+// pokeMemory is how long the emulation remembers a heartbeat: longer than
+// any transaction it pushes lives.
+const pokeMemory = time.Minute
+
+// remember returns pokes with now added and those older than pokeMemory
+// dropped.
+func remember(pokes []time.Time, now time.Time) []time.Time {
+	keep := pokes[:0]
+	for _, p := range pokes {
+		if now.Sub(p) < pokeMemory {
+			keep = append(keep, p)
+		}
+	}
+	return append(keep, now)
 }
 
 func (t *tx) Commit() error {
@@ -624,12 +749,17 @@ func (c *conn) execSplit(ctx context.Context, stmts []string) error {
 		if strings.Contains(st, spreadCheckMark) {
 			continue // CockroachDB's own DDL
 		}
+		st = createTypeIfNotExists.ReplaceAllString(st, "${1}DO $$crdb$$ BEGIN CREATE TYPE ${2}; EXCEPTION WHEN duplicate_object THEN NULL; END $$crdb$$")
 		if _, err := c.pq.ExecContext(ctx, st, nil); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// createTypeIfNotExists is CockroachDB's CREATE TYPE IF NOT EXISTS, which
+// PostgreSQL lacks: the emulation runs it as PostgreSQL's equivalent.
+var createTypeIfNotExists = regexp.MustCompile(`(?is)(^|\n)CREATE\s+TYPE\s+IF\s+NOT\s+EXISTS\s+(.*)$`)
 
 // splitStatements splits a script at the semicolons that end its
 // statements, not those inside comments, quotes or dollar quotes, and
@@ -706,6 +836,8 @@ const (
 	codeSerializationFailure       = "40001"
 	codeStatementCompletionUnknown = "40003"
 	codeLockNotAvailable           = "55P03"
+	codeDeadlockDetected           = "40P01"
+	codeQueryCanceled              = "57014"
 	codeSchemaChangeAborted        = "XXA00" // CockroachDB: committed, but the schema change aborted
 )
 

@@ -23,3 +23,17 @@ func TestSplitStatements(t *testing.T) {
 		}
 	}
 }
+
+// A transaction's own setting of the idle timeout goes to a placeholder,
+// the connection's setting stays.
+func TestLocalIdleTimeoutChangesNothing(t *testing.T) {
+	t.Parallel()
+	for query, want := range map[string]string{
+		"SELECT deadline, set_config('idle_in_transaction_session_timeout',\n  GREATEST(1, $2)::TEXT || 'ms',\n  true) AS idle FROM sessions": "SELECT deadline, set_config('crdb.idle_in_transaction_session_timeout',\n  GREATEST(1, $2)::TEXT || 'ms', true) AS idle FROM sessions",
+		"SELECT set_config('lock_timeout', $1, false), set_config('idle_in_transaction_session_timeout', $2, false)":                          "SELECT set_config('lock_timeout', $1, false), set_config('idle_in_transaction_session_timeout', $2, false)",
+	} {
+		if got := localIdleTimeout(query); got != want {
+			t.Errorf("localIdleTimeout(%q) = %q, want %q", query, got, want)
+		}
+	}
+}
