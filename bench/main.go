@@ -57,7 +57,7 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
 	flag.DurationVar(&c.riverCooldown, "river-cooldown", time.Millisecond, "River's FetchCooldown (its default is 100ms, which caps its throughput)")
-	flag.StringVar(&only, "only", "table,picks,scale,contention,spread", "sections to run: table, picks, scale, contention, spread, procs")
+	flag.StringVar(&only, "only", "table,picks,scale,contention,spread,cap", "sections to run: table, picks, scale, contention, spread, procs, cap")
 	flag.StringVar(&spread, "spread", "8/1,8/2,8/4,8/8,32/1,32/2,32/4,32/8", "rows of the spread section: N/K, N workers in all over K OS processes (N/K each; K must divide N)")
 	flag.StringVar(&procs, "procs", "32x1,32x2,32x4,32x8,8x1,8x4", "rows of the procs section: NxK, K OS processes of N workers each")
 	flag.DurationVar(&c.pollMin, "poll-min", time.Millisecond, "worker.Config.PollMin of the spread and procs sections' bmdb processes")
@@ -111,7 +111,7 @@ func parseFlags() (config, error) {
 	c.only = map[string]bool{}
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.Contains([]string{"table", "picks", "scale", "contention", "spread", "procs"}, s) {
+		if !slices.Contains([]string{"table", "picks", "scale", "contention", "spread", "procs", "cap"}, s) {
 			return c, fmt.Errorf("-only: unknown section %q", s)
 		}
 		c.only[s] = true
@@ -218,6 +218,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if cfg.only["spread"] {
 		if err := runSpread(ctx, cfg, dsn, conn); err != nil {
+			return err
+		}
+	}
+	if cfg.only["cap"] {
+		if err := runCap(ctx, cfg, dsn, conn); err != nil {
 			return err
 		}
 	}

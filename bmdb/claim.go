@@ -190,9 +190,29 @@ func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
 
 // claimFreed claims, for the requests that want more, those of their
 // candidates that the batch's ends freed: tried before the ends ran, they
-// were this session's own claims then.
+// were this session's own claims then. If the claims found the process at
+// its cap, the ends freed slots too: every candidate not claimed is tried
+// again.
 func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) error {
+	if len(freed) == 0 {
+		return nil
+	}
 	set := make(map[uuid.UUID]bool, len(freed))
+	capped := errors.Is(p.blocked, ErrCapReached)
+	if capped {
+		p.blocked = nil
+		claimed := map[uuid.UUID]bool{}
+		for _, r := range p.reqs {
+			for _, c := range r.claim.claims {
+				claimed[c.machine] = true
+			}
+		}
+		for m := range p.used {
+			if !claimed[m] {
+				p.used[m], set[m] = false, true
+			}
+		}
+	}
 	for _, m := range freed {
 		if p.used[m] {
 			p.used[m], set[m] = false, true

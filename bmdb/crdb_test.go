@@ -206,7 +206,7 @@ func TestCockroachClockMargin(t *testing.T) {
 	e := newEnv(t)
 	cfg := e.config()
 	cockroachMode(&cfg)
-	cfg.SessionInterval = 900 * time.Millisecond
+	cfg.SessionInterval, cfg.MaxClockOffset = 900*time.Millisecond, 0 // the default offset
 	if _, err := Open(context.Background(), cfg); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "MaxClockOffset") {
 		t.Fatalf("Open with a 900ms interval and the default offset = %v, want ErrInvalidArgument naming MaxClockOffset", err)
 	}

@@ -56,9 +56,13 @@ func newEnv(t *testing.T) *env {
 	return &env{t: t, dsn: dsn, db: db, q: model.New(db)}
 }
 
-// config returns a test Config for the env's database.
+// config returns a test Config for the env's database. Its clock margin
+// is small (cockroach mode's sessions count themselves dead that much
+// before the interval): with the default, a session of testInterval would
+// live 500 ms after each heartbeat, too short for a loaded 2-core machine.
 func (e *env) config() Config {
-	return Config{DSN: e.dsn, ComponentName: "test", RuntimeInfo: e.t.Name(), SessionInterval: testInterval}
+	return Config{DSN: e.dsn, ComponentName: "test", RuntimeInfo: e.t.Name(), SessionInterval: testInterval,
+		MaxClockOffset: 100 * time.Millisecond}
 }
 
 // open opens a Connection closed at cleanup, in cockroach mode if the
