@@ -220,6 +220,12 @@ type Loop struct {
 
 	stopOnce                                          sync.Once // guards the first permanent error
 	started                                           atomic.Bool
+	// ended wakes a claimer that found the process at its cap: one of
+	// the loop's claims is ending (its handler is done: a claim made now
+	// shares the end's transaction, which frees the slot first), or has
+	// ended. Capacity 1; handlers send without waiting (wakeClaimer), the
+	// claimer receives.
+	ended chan struct{}
 	sessions, polls, asked, claimed, finished, failed atomic.Int64
 	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
 	paused, capped                                    atomic.Int64
@@ -236,7 +242,7 @@ func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared)}, nil
+	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared), ended: make(chan struct{}, 1)}, nil
 }
 
 // Stats returns the loop's figures so far.
@@ -367,6 +373,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	widen := 0              // consecutive conflicts: candidates are widened 2^widen times
 	var idleSince time.Time // since when claims found nothing and no handler ran
 	paused := false         // the last claim call found the process paused
+	capped := false         // the last claim calls found the process at its cap, and got no more since
 	for {
 		select {
 		case busy <- struct{}{}:
@@ -433,7 +440,14 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 					delay = max(min(delay, l.cfg.StopWhenIdle-time.Since(idleSince)), 0)
 				}
 			}
-			l.sleep(claimCtx, delay)
+			capped = errors.Is(err, bmdb.ErrCapReached)
+			if capped && (len(busy) > 0 || len(ending) > 0) {
+				// A slot frees when one of this loop's claims ends:
+				// claim again then, or after the usual wait.
+				l.sleepUntil(claimCtx, delay, l.ended)
+			} else {
+				l.sleep(claimCtx, delay)
+			}
 			poll = min(2*poll, l.cfg.PollMax)
 			continue
 		}
@@ -441,6 +455,11 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		poll, widen = l.cfg.PollMin, 0
 		for _, w := range works {
 			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
+		}
+		if capped = capped && len(works) < free; capped {
+			// Short of slots: the next claim would find the cap reached.
+			// Claim again when one of this loop's claims ends.
+			l.sleepUntil(claimCtx, l.cfg.PollMax, l.ended)
 		}
 	}
 }
@@ -469,6 +488,7 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, end
 	ending <- struct{}{}
 	defer func() { <-ending }()
 	free()
+	l.wakeClaimer()
 	l.endClaim(workCtx, w, commit, err)
 }
 
@@ -477,10 +497,28 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, end
 // once.
 const conflictWiden = 3
 
+// wakeClaimer wakes the claimer if it waits for one of the loop's claims
+// to end (ended).
+func (l *Loop) wakeClaimer() {
+	select {
+	case l.ended <- struct{}{}:
+	default:
+	}
+}
+
 // sleep waits d (or until ctx ends) between claim calls, and counts it.
-func (l *Loop) sleep(ctx context.Context, d time.Duration) {
+func (l *Loop) sleep(ctx context.Context, d time.Duration) { l.sleepUntil(ctx, d, nil) }
+
+// sleepUntil is sleep, ended early by a receive on wake (nil: never).
+func (l *Loop) sleepUntil(ctx context.Context, d time.Duration, wake <-chan struct{}) {
 	start := time.Now()
-	_ = wait.Sleep(ctx, d)
+	t := time.NewTimer(d)
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	case <-wake:
+	}
+	t.Stop()
 	l.sleeps.Add(1)
 	l.slept.Add(int64(time.Since(start)))
 }
@@ -568,6 +606,7 @@ func (l *Loop) bounded(workCtx context.Context, end func(ctx context.Context) er
 // record counts how a claim ended; if ending it failed for another reason than
 // losing it, it cancels the claim, so that it does not stay held.
 func (l *Loop) record(workCtx context.Context, w *bmdb.Work, counter *atomic.Int64, err error) {
+	defer l.wakeClaimer()
 	switch {
 	case err == nil:
 		counter.Add(1)
