@@ -24,6 +24,43 @@ func steady(c *Config) { c.SessionInterval = 10 * time.Second }
 // operator is steady, for the operator's Connection.
 func operator(c *Config) { steady(c); c.ComponentName = "operator" }
 
+// claimAll runs goroutines Work-then-Finish loops on each of sessions,
+// each holding its claim for hold, until the retrieval finds nothing to do
+// or the process is paused; a call that finds the cap reached or its
+// candidates taken looks again after a millisecond. onClaim, if not nil,
+// runs after each claim. It returns when every loop has.
+func claimAll(t *testing.T, sessions []*Session, goroutines int, hold time.Duration, onClaim func()) {
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		for range goroutines {
+			wg.Go(func() {
+				for {
+					w, err := s.Work(context.Background(), "install", retrieveUnclaimed)
+					switch {
+					case errors.Is(err, ErrCapReached), errors.Is(err, ErrWorkConflict):
+						time.Sleep(time.Millisecond)
+						continue
+					case errors.Is(err, ErrNothingToDo): // ErrProcessPaused too
+						return
+					case err != nil:
+						t.Errorf("Work: %v", err)
+						return
+					}
+					if onClaim != nil {
+						onClaim()
+					}
+					time.Sleep(hold)
+					if err := w.Finish(context.Background(), tagCommit(w.Machine())); err != nil {
+						t.Errorf("Finish: %v", err)
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+}
+
 // A pause stops claims on every Connection from the moment it commits,
 // while claims held end normally (Finish, Fail, Cancel); a second pause
 // and a resume of a running process change nothing and say so; resume
@@ -119,49 +156,28 @@ func TestPauseIsExactUnderRacingClaims(t *testing.T) {
 	for range machines {
 		e.machine()
 	}
-	conns := make([]*Connection, k)
 	sessions := make([]*Session, k)
-	for i := range conns {
-		conns[i] = e.open(steady)
-		sessions[i] = e.session(conns[i])
+	for i := range sessions {
+		sessions[i] = e.session(e.open(steady))
 	}
 	op := e.session(e.open(operator))
 	var paused atomic.Bool
 	var claimedAfter atomic.Int64 // Work calls that returned a claim after PauseProcess returned
-	var wg sync.WaitGroup
-	for _, s := range sessions {
-		for range goroutines {
-			wg.Go(func() {
-				for {
-					w, err := s.Work(context.Background(), "install", retrieveUnclaimed)
-					pausedBefore := paused.Load()
-					switch {
-					case errors.Is(err, ErrProcessPaused):
-						return
-					case errors.Is(err, ErrNothingToDo), errors.Is(err, ErrWorkConflict):
-						time.Sleep(time.Millisecond)
-						continue
-					case err != nil:
-						t.Errorf("Work: %v", err)
-						return
-					}
-					if pausedBefore {
-						claimedAfter.Add(1) // it may have committed before: checked below
-					}
-					if err := w.Finish(context.Background(), tagCommit(w.Machine())); err != nil {
-						t.Errorf("Finish: %v", err)
-						return
-					}
-				}
-			})
-		}
-	}
+	racing := make(chan struct{})
+	go func() {
+		defer close(racing)
+		claimAll(t, sessions, goroutines, 0, func() {
+			if paused.Load() {
+				claimedAfter.Add(1) // the claim may have committed before: checked below
+			}
+		})
+	}()
 	eventually(t, 20*time.Second, "some machines done", func() bool { return e.count("SELECT count(*) FROM tag") >= 20 })
 	if _, err := op.PauseProcess(context.Background(), "install", ControlChange{Reason: "incident"}); err != nil {
 		t.Fatal(err)
 	}
 	paused.Store(true)
-	wg.Wait()
+	<-racing
 	var pausedAt time.Time
 	if err := e.db.QueryRow("SELECT changed_at FROM process_controls WHERE process = 'install'").Scan(&pausedAt); err != nil {
 		t.Fatal(err)
@@ -198,8 +214,10 @@ func TestCapLimitsLiveClaimsFleetWide(t *testing.T) {
 		t.Fatalf("same CapProcess again = %v, %v; want false, nil", changed, err)
 	}
 	conns := make([]*Connection, k)
+	sessions := make([]*Session, k)
 	for i := range conns {
 		conns[i] = e.open(steady)
+		sessions[i] = e.session(conns[i])
 	}
 	stop := make(chan struct{})
 	var most atomic.Int64
@@ -217,33 +235,7 @@ func TestCapLimitsLiveClaimsFleetWide(t *testing.T) {
 			}
 		}
 	})
-	var wg sync.WaitGroup
-	for _, c := range conns {
-		s := e.session(c)
-		for range goroutines {
-			wg.Go(func() {
-				for {
-					w, err := s.Work(context.Background(), "install", retrieveUnclaimed)
-					switch {
-					case errors.Is(err, ErrCapReached), errors.Is(err, ErrWorkConflict):
-						time.Sleep(time.Millisecond)
-						continue
-					case errors.Is(err, ErrNothingToDo):
-						return
-					case err != nil:
-						t.Errorf("Work: %v", err)
-						return
-					}
-					time.Sleep(2 * time.Millisecond) // the work
-					if err := w.Finish(context.Background(), tagCommit(w.Machine())); err != nil {
-						t.Errorf("Finish: %v", err)
-						return
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
+	claimAll(t, sessions, goroutines, 2*time.Millisecond, nil)
 	close(stop)
 	sampler.Wait()
 	if n := e.count("SELECT count(*) FROM tag"); n != machines {
@@ -462,32 +454,15 @@ func TestCapSetUnderRacingClaims(t *testing.T) {
 		e.machine()
 	}
 	op := e.session(e.open(operator))
-	var wg sync.WaitGroup
-	for range k {
-		s := e.session(e.open(steady))
-		for range goroutines {
-			wg.Go(func() {
-				for {
-					w, err := s.Work(context.Background(), "install", retrieveUnclaimed)
-					switch {
-					case errors.Is(err, ErrCapReached), errors.Is(err, ErrWorkConflict):
-						time.Sleep(time.Millisecond)
-						continue
-					case errors.Is(err, ErrNothingToDo):
-						return
-					case err != nil:
-						t.Errorf("Work: %v", err)
-						return
-					}
-					time.Sleep(2 * time.Millisecond)
-					if err := w.Finish(context.Background(), tagCommit(w.Machine())); err != nil {
-						t.Errorf("Finish: %v", err)
-						return
-					}
-				}
-			})
-		}
+	sessions := make([]*Session, k)
+	for i := range sessions {
+		sessions[i] = e.session(e.open(steady))
 	}
+	racing := make(chan struct{})
+	go func() {
+		defer close(racing)
+		claimAll(t, sessions, goroutines, 2*time.Millisecond, nil)
+	}()
 	eventually(t, 20*time.Second, "claims racing, uncapped", func() bool { return e.count("SELECT count(*) FROM tag") >= 20 })
 	if _, err := op.CapProcess(context.Background(), "install", limit, ControlChange{Reason: "mid-run"}); err != nil {
 		t.Fatal(err)
@@ -495,7 +470,7 @@ func TestCapSetUnderRacingClaims(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM work WHERE process = 'install' AND slot IS NULL"); n != 0 {
 		t.Errorf("%d claims without a slot after the cap", n)
 	}
-	wg.Wait()
+	<-racing
 	if n := e.count("SELECT count(*) FROM tag"); n != machines {
 		t.Fatalf("%d machines done, want %d", n, machines)
 	}
