@@ -33,18 +33,47 @@ import (
 
 var binary string // the bmdbctl built for the tests
 
+// TestMain builds bmdbctl into a directory of its own and removes it
+// after the tests (os.Exit skips deferred calls: the removal runs between
+// testdb.Run and os.Exit).
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "bmdbctl-test")
 	if err != nil {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "bmdbctl")
+	code := 1
 	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building bmdbctl: %v\n%s", err, out)
-		os.Exit(1)
+	} else {
+		code = testdb.Run(m, bmdbtest.Migrate)
 	}
-	defer os.RemoveAll(dir)
-	testdb.Main(m, bmdbtest.Migrate)
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "removing the test's bmdbctl: %v\n", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// The test binary leaves nothing in the temporary directory: TestMain
+// removes the bmdbctl it built (an 18 MB file per run, before). It runs
+// this test binary again, without tests, with TMPDIR a directory of its
+// own, and looks at what is left there.
+func TestMainRemovesItsBinary(t *testing.T) {
+	t.Parallel()
+	tmp := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the test binary without tests: %v\n%s", err, out)
+	}
+	left, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range left {
+		t.Errorf("left in the temporary directory: %s", e.Name())
+	}
 }
 
 // ctl runs the binary with BMDB_DSN=dsn and returns stdout, stderr and the

@@ -4,6 +4,7 @@ package bmdbtest
 
 import (
 	"context"
+	"os"
 	"testing"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
@@ -11,8 +12,8 @@ import (
 )
 
 // Main runs a package's tests (call it from TestMain) with databases that
-// bmdb.Open migrated; see testdb.Main.
-func Main(m *testing.M) { testdb.Main(m, Migrate) }
+// bmdb.Open migrated; see testdb.Run.
+func Main(m *testing.M) { os.Exit(testdb.Run(m, Migrate)) }
 
 // Migrate brings the database at dsn to bmdb's schema the way components
 // do: by opening it.
