@@ -407,12 +407,23 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"PollMax", func(c *Config) { c.PollMin, c.PollMax = time.Second, time.Millisecond }},
 		{"ShutdownGrace", func(c *Config) { c.ShutdownGrace = -1 }},
 		{"Backoff", func(c *Config) { c.Backoff = bmdb.Backoff{Initial: -1} }},
+		{"StopWhenIdle", func(c *Config) { c.StopWhenIdle = -1 }},
+		{"DrainTimeout", func(c *Config) { c.StopWhenIdle, c.DrainTimeout = time.Second, -1 }},
+		{"DrainTimeout", func(c *Config) { c.DrainTimeout = time.Second }}, // without StopWhenIdle
 	} {
 		cfg := good
 		tc.mod(&cfg)
 		if _, err := New(conn, cfg); !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("New with bad %s = %v", tc.field, err)
 		}
+		// Validate says the same without a Connection, so that a program
+		// can check its Config before bmdb.Open touches the database.
+		if err := cfg.Validate(); !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Validate with bad %s = %v", tc.field, err)
+		}
+	}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Validate(good) = %v", err)
 	}
 	if _, err := New(nil, good); !errors.Is(err, bmdb.ErrInvalidArgument) {
 		t.Errorf("New(nil conn) = %v", err)
