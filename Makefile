@@ -11,7 +11,7 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # The test command of README.md and .ci/run: every package (saying first
 # if the browser tests will skip, which go test does not show), the
 # standalone example module, then the core,
-# worker and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
+# worker, bmdbtest and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
@@ -22,8 +22,8 @@ TESTS   := { command -v chromium || command -v chromium-browser || command -v go
 	$(GO_TEST) ./... && \
 	echo "== examples/burnin (a module of its own) ==" && \
 	(cd examples/burnin && $(GO_TEST) ./...) && \
-	echo "== cockroach mode: bmdb, worker ==" && \
-	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ && \
+	echo "== cockroach mode: bmdb, worker, bmdbtest ==" && \
+	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/ && \
 	echo "== cockroach mode: chaos ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
 
@@ -44,7 +44,7 @@ demo:
 	@WITH_PG_QUIET=1 scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 
 ## test: run every test with the race detector against a throwaway
-## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker and
+## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker, bmdbtest and
 ## chaos tests in cockroach mode.
 test:
 	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'

@@ -18,6 +18,7 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/netproxy"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
@@ -130,7 +131,7 @@ func TestStopWhenIdleDrainsBackoffs(t *testing.T) {
 	if err := returned(t, runAsync(t, l), 60*time.Second); err != nil {
 		t.Fatalf("Run = %v, want nil: the backoffs end within DrainTimeout", err)
 	}
-	e.requireFinishedOnce(e.machines()...)
+	bmdbtest.RequireFinishedOnce(t, e.db, process, e.machines()...)
 	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed'"); n != 3 {
 		t.Errorf("%d failures, want 3", n)
 	}
@@ -169,10 +170,8 @@ func TestStopWhenIdleDrainIsBounded(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed'"); n < 2 {
 		t.Errorf("%d failures: the machine was not retried while the loop waited", n)
 	}
-	if n := e.count("SELECT count(*) FROM work_backoff WHERE machine_id = $1 AND until > now()", ids[0]); n != 1 {
-		t.Errorf("machine %s not in backoff", ids[0])
-	}
-	e.requireFinishedOnce(ids[1])
+	bmdbtest.RequireInBackoff(t, e.db, process, ids[0])
+	bmdbtest.RequireFinishedOnce(t, e.db, process, ids[1])
 }
 
 // Machines claimed by another session that is alive are work left: a
@@ -195,7 +194,7 @@ func TestStopWhenIdleCountsOthersClaims(t *testing.T) {
 	if !errors.As(err, &left) || left.InBackoff != 0 || left.ClaimedByOthers != 3 {
 		t.Fatalf("Run = %v, want a *LeftError with 3 machines claimed by others", err)
 	}
-	e.requireFinishedOnce(ids[3:]...)
+	bmdbtest.RequireFinishedOnce(t, e.db, process, ids[3:]...)
 }
 
 // The case: a copy of the worker killed while it held claims. Its
@@ -221,20 +220,8 @@ func TestStopWhenIdleDrainsDeadSessionsClaims(t *testing.T) {
 	if err := returned(t, runAsync(t, l), 60*time.Second); err != nil {
 		t.Fatalf("Run = %v, want nil once the dead session's claims are taken over and finished", err)
 	}
-	if n := e.count("SELECT count(DISTINCT machine_id) FROM work_history WHERE event = 'Abandoned' AND machine_id = ANY ($1::UUID[])", pq.Array(ids[:3])); n != 3 {
-		t.Errorf("%d of the dead session's 3 claims abandoned", n)
-	}
-	e.requireFinishedOnce(ids...)
-}
-
-// requireFinishedOnce checks that each machine has one Finished event.
-func (e *env) requireFinishedOnce(ids ...uuid.UUID) {
-	e.t.Helper()
-	for _, id := range ids {
-		if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Finished' AND machine_id = $1", id); n != 1 {
-			e.t.Errorf("machine %s finished %d times", id, n)
-		}
-	}
+	bmdbtest.RequireAbandoned(t, e.db, process, ids[:3]...)
+	bmdbtest.RequireFinishedOnce(t, e.db, process, ids...)
 }
 
 // machines returns the env's machines, by id.

@@ -22,9 +22,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/model"
@@ -35,7 +35,7 @@ var binary string // the bmdbctl built for the tests
 
 // TestMain builds bmdbctl into a directory of its own and removes it
 // after the tests (os.Exit skips deferred calls: the removal runs between
-// testdb.Run and os.Exit).
+// bmdbtest.Run and os.Exit).
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "bmdbctl-test")
 	if err != nil {
@@ -46,7 +46,7 @@ func TestMain(m *testing.M) {
 	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building bmdbctl: %v\n%s", err, out)
 	} else {
-		code = testdb.Run(m, bmdbtest.Migrate)
+		code = bmdbtest.Run(m, nil)
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		fmt.Fprintf(os.Stderr, "removing the test's bmdbctl: %v\n", err)

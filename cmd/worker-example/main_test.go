@@ -3,15 +3,16 @@ package main
 import (
 	"context"
 	"database/sql"
+	"os"
 	"testing"
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
-func TestMain(m *testing.M) { bmdbtest.Main(m) }
+func TestMain(m *testing.M) { os.Exit(bmdbtest.Run(m, nil)) }
 
 // The pipeline takes every seeded machine through every stage exactly once,
 // failures and backoff included.
