@@ -10,7 +10,8 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
 # The test command of README.md and .ci/run: every package (saying first
 # if the browser tests will skip, which go test does not show), the
-# standalone example module, then the core,
+# standalone example module (also in cockroach mode, as bmdbtest lets an
+# application's tests run), then the core,
 # worker, bmdbtest and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
@@ -20,8 +21,8 @@ GO_TEST := go test -race -count=1 -timeout 20m
 TESTS   := { command -v chromium || command -v chromium-browser || command -v google-chrome || \
 	    echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2; } >/dev/null && \
 	$(GO_TEST) ./... && \
-	echo "== examples/burnin (a module of its own) ==" && \
-	(cd examples/burnin && $(GO_TEST) ./...) && \
+	echo "== examples/burnin (a module of its own), then in cockroach mode ==" && \
+	(cd examples/burnin && $(GO_TEST) ./... && BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) .) && \
 	echo "== cockroach mode: bmdb, worker, bmdbtest ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/ && \
 	echo "== cockroach mode: chaos ==" && \
@@ -54,7 +55,7 @@ test:
 # application module's (examples/burnin/burnindb/, whose schema starts with
 # its committed copy of bmdb's, examples/burnin/bmdb_schema.sql).
 SQLC_DIRS := . cmd/worker-example/pipeline examples/burnin
-BMDB_SCHEMA := cd examples/burnin && go run github.com/bmdb-dev/bmdb/cmd/bmdb-schema
+BMDB_SCHEMA := cd examples/burnin && go tool bmdb-schema
 
 ## generate: regenerate the sqlc code of bmdb (model/, internal/store/ from
 ## migrations/ and queries/) and of the example applications, after
