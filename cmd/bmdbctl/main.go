@@ -13,9 +13,10 @@
 //	sessions                       live sessions, with seconds until their deadline
 //	work [--process P]             current claims, with their component and age
 //	backoffs [--process P]         backoffs in force, with cause and time left
-//	machines [--stage S] [--after ID] [--limit N]
+//	machines [--stage S] [--process P] [--after ID] [--limit N]
 //	machine ID                     one machine: stage, claims, backoffs, recent history
-//	history --machine ID [--process P] [--since D] [--limit N]
+//	history [--machine ID] [--process P] [--since D] [--limit N]
+//	                               the fleet's events, or one machine's, newest first
 //	history prune --older-than D [--batch N]
 //	backoff clear --machine ID --process P [--reason R]
 //	gc                             delete expired sessions once
@@ -90,10 +91,10 @@ var commands = []command{
 	{"sessions", []string{"sessions"}, "live sessions, with seconds until their deadline", sessionsCommand},
 	{"work", []string{"work [--process P] [--limit N]"}, "current claims, with their component and age", workCommand},
 	{"backoffs", []string{"backoffs [--process P] [--limit N]"}, "backoffs in force, with cause and time left", backoffsCommand},
-	{"machines", []string{"machines [--stage S] [--after ID] [--limit N]"}, "machines with their stage, claims and backoffs, in pages", machinesCommand},
+	{"machines", []string{"machines [--stage S] [--process P] [--after ID] [--limit N]"}, "machines with their stage, claims and backoffs, in pages", machinesCommand},
 	{"machine", []string{"machine ID [--limit N]"}, "one machine: stage, claims, backoffs, recent history (newest first)", machineCommand},
-	{"history", []string{"history --machine ID [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
-		"a machine's events, newest first; prune deletes old events of every machine", historyCommand},
+	{"history", []string{"history [--machine ID] [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
+		"the fleet's events, or one machine's, newest first; prune deletes old events of every machine", historyCommand},
 	{"backoff", []string{"backoff clear --machine ID --process P [--reason R]"}, "clear a backoff, recorded as BackoffCleared", backoffCommand},
 	{"gc", []string{"gc"}, "delete expired sessions once", gcCommand},
 	{"serve", []string{"serve [--addr HOST:PORT]"}, "serve the read-only web pages (package web)", serveCommand},
