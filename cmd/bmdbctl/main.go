@@ -54,6 +54,7 @@ import (
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/procinfo"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
@@ -281,9 +282,8 @@ func (c *common) open(ctx context.Context) (*bmdb.Connection, error) {
 	})
 }
 
-// runtimeInfo describes this run of bmdbctl for its session row.
+// runtimeInfo describes this run of bmdbctl for its session row, the
+// migration lease and a cleared backoff's history: who ran it, where.
 func runtimeInfo() string {
-	host, _ := os.Hostname()
-	user := os.Getenv("USER")
-	return fmt.Sprintf("bmdbctl by %s on %s, pid %d", user, host, os.Getpid())
+	return procinfo.Describe() + ", run by " + os.Getenv("USER")
 }

@@ -134,8 +134,6 @@ func run(ctx context.Context, o options) error {
 	serveCtx := ctx // --keep-serving: until interrupted, not bounded by --timeout
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	host, _ := os.Hostname()
-	runtimeInfo := fmt.Sprintf("worker-example on %s, pid %d", host, os.Getpid())
 
 	// The fleet pages' URL is the first line the demo prints: listen before
 	// anything else (opening bmdb logs its migrations), serve once open.
@@ -169,7 +167,7 @@ func run(ctx context.Context, o options) error {
 	var loops []*worker.Loop
 	for _, st := range pipeline.Stages {
 		conn, err := bmdb.Open(ctx, bmdb.Config{
-			DSN: o.dsn, ComponentName: st.Component, RuntimeInfo: runtimeInfo,
+			DSN: o.dsn, ComponentName: st.Component,
 			SessionInterval: o.interval, Metrics: metrics,
 			Application: pipeline.Application(),
 		})
