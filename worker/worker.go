@@ -332,8 +332,8 @@ func (l *Loop) Run(ctx context.Context) error {
 			_ = wait.Sleep(runCtx, l.cfg.RestartDelay)
 		}
 	}
-	if cause := context.Cause(runCtx); cause != context.Cause(ctx) && cause != errIdle {
-		return cause // l.stop's: a permanent error, a *LeftError, or why the work left could not be counted
+	if cause := context.Cause(runCtx); cause != errIdle && !errors.Is(cause, context.Cause(ctx)) {
+		return cause // l.stop's, before ctx ended: a permanent error, a *LeftError, or why the work left could not be counted
 	}
 	return nil
 }
