@@ -10,8 +10,9 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 
 # The test command of README.md and .ci/run: every package (saying first
 # if the browser tests will skip, which go test does not show), the
-# standalone example module, then the core,
-# worker and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
+# standalone example module (also in cockroach mode, as bmdbtest lets an
+# application's tests run), then the core,
+# worker, bmdbtest and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
@@ -20,10 +21,10 @@ GO_TEST := go test -race -count=1 -timeout 20m
 TESTS   := { command -v chromium || command -v chromium-browser || command -v google-chrome || \
 	    echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2; } >/dev/null && \
 	$(GO_TEST) ./... && \
-	echo "== examples/burnin (a module of its own) ==" && \
-	(cd examples/burnin && $(GO_TEST) ./...) && \
-	echo "== cockroach mode: bmdb, worker ==" && \
-	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ && \
+	echo "== examples/burnin (a module of its own), then in cockroach mode ==" && \
+	(cd examples/burnin && $(GO_TEST) ./... && BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) .) && \
+	echo "== cockroach mode: bmdb, worker, bmdbtest ==" && \
+	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/ && \
 	echo "== cockroach mode: chaos ==" && \
 	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
 
@@ -44,7 +45,7 @@ demo:
 	@WITH_PG_QUIET=1 scripts/with-pg BMDB_DSN go run ./cmd/worker-example $(DEMO_FLAGS)
 
 ## test: run every test with the race detector against a throwaway
-## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker and
+## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker, bmdbtest and
 ## chaos tests in cockroach mode.
 test:
 	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'
@@ -54,7 +55,7 @@ test:
 # application module's (examples/burnin/burnindb/, whose schema starts with
 # its committed copy of bmdb's, examples/burnin/bmdb_schema.sql).
 SQLC_DIRS := . cmd/worker-example/pipeline examples/burnin
-BMDB_SCHEMA := cd examples/burnin && go run github.com/bmdb-dev/bmdb/cmd/bmdb-schema
+BMDB_SCHEMA := cd examples/burnin && go tool bmdb-schema
 
 ## generate: regenerate the sqlc code of bmdb (model/, internal/store/ from
 ## migrations/ and queries/) and of the example applications, after

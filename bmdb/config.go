@@ -8,6 +8,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/bmdb-dev/bmdb/internal/procinfo"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
@@ -66,9 +67,13 @@ type Config struct {
 	// "provisioner". Required; at most 255 bytes.
 	ComponentName string
 
-	// RuntimeInfo is free text stored with each session, e.g. host name,
-	// pid and version, for operators. At most 4096 bytes.
-	// Defaults to empty.
+	// RuntimeInfo is free text stored with each session for operators
+	// (bmdbctl sessions, the web pages): which process, where, built from
+	// what. At most 4096 bytes. Defaults to the program's name, host and
+	// pid, and its build from the binary's build info (main package,
+	// module version, VCS revision, Go version), e.g. "burnin on rack7-h3,
+	// pid 4242; example.com/burnin/cmd/burnin v1.4.0 vcs 0123456789ab
+	// go1.26.8".
 	RuntimeInfo string
 
 	// SessionInterval is a session's lifetime without a successful
@@ -205,6 +210,9 @@ type Config struct {
 
 // withDefaults returns c with every unset field at its default.
 func (c Config) withDefaults() Config {
+	if c.RuntimeInfo == "" {
+		c.RuntimeInfo = procinfo.Describe()
+	}
 	if c.SessionInterval == 0 {
 		c.SessionInterval = SessionIntervalDefault
 	}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -36,20 +35,8 @@ const effectsTable = "CREATE TABLE effects (machine_id UUID NOT NULL, session_id
 // env's DSN through it with application_name set to app.
 func (e *env) proxied(app string) (*netproxy.Proxy, string) {
 	e.t.Helper()
-	u, err := url.Parse(e.dsn)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	p, err := netproxy.New(u.Host)
-	if err != nil {
-		e.t.Skipf("cannot proxy the test server: %v", err)
-	}
-	e.t.Cleanup(p.Close)
-	u.Host = p.Addr()
-	q := u.Query()
-	q.Set("application_name", app)
-	u.RawQuery = q.Encode()
-	return p, u.String()
+	p, dsn := netproxy.ForDSN(e.t, e.dsn)
+	return p, testdb.WithApplicationName(e.t, dsn, app)
 }
 
 // dbRemaining returns how long the session has left on the database clock

@@ -24,13 +24,13 @@ func TestMain(m *testing.M) {
 	default:
 		os.Exit(runChild(mode))
 	}
-	testdb.Main(m, func(ctx context.Context, dsn string) error {
+	os.Exit(testdb.Run(m, func(ctx context.Context, dsn string) error {
 		c, err := Open(ctx, Config{DSN: dsn, ComponentName: "testdb"})
 		if err != nil {
 			return err
 		}
 		return c.Close()
-	})
+	}))
 }
 
 // testInterval is the session interval of tests: short, so expiry is fast.

@@ -119,6 +119,9 @@ func TestOperatorViewsAndIndexes(t *testing.T) {
 			"SELECT * FROM readable_history WHERE machine_id = $1 ORDER BY at DESC, id DESC LIMIT 100", []any{m}},
 		{"last hour of failures of a process", "work_history_process_idx|work_history_at_idx",
 			"SELECT * FROM work_history WHERE process = $1 AND event = 'Failed' AND at >= now() - INTERVAL '1 hour' ORDER BY at DESC LIMIT 100", []any{"p3"}},
+		// model.ReadableHistoryRecent: bmdbctl history without --machine.
+		{"the fleet's recent history", "work_history_at_idx", fleetHistory, []any{nil, nil}},
+		{"the fleet's recent history of a process", "work_history_at_idx", fleetHistory, []any{"p3", nil}},
 	} {
 		plan := explain(t, e, tc.query, tc.args...)
 		usesIndex := false
@@ -134,6 +137,11 @@ func TestOperatorViewsAndIndexes(t *testing.T) {
 		t.Logf("%s:\n%s", tc.name, plan)
 	}
 }
+
+// fleetHistory is model.ReadableHistoryRecent's statement.
+const fleetHistory = `SELECT * FROM readable_history
+WHERE ($1::TEXT IS NULL OR process = $1::TEXT) AND ($2::TIMESTAMPTZ IS NULL OR at >= $2::TIMESTAMPTZ)
+ORDER BY at DESC, id DESC LIMIT 100`
 
 func explain(t *testing.T, e *env, query string, args ...any) string {
 	t.Helper()

@@ -3,6 +3,11 @@ package bmdb
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -38,6 +43,26 @@ func TestSessionHeartbeatExtendsDeadline(t *testing.T) {
 	}
 	if err := s.Transact(context.Background(), noCommit); err != nil {
 		t.Fatalf("Transact on a live session: %v", err)
+	}
+}
+
+// Without Config.RuntimeInfo, a session's row says which program runs it,
+// where, and built from what: bmdbctl sessions and the web pages show it.
+func TestSessionRuntimeInfoDefault(t *testing.T) {
+	e := newEnv(t)
+	s := e.session(e.open(func(c *Config) { c.RuntimeInfo = "" }))
+	row, err := e.q.SessionGet(context.Background(), s.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{filepath.Base(os.Args[0]) + " on " + host, fmt.Sprintf(", pid %d; ", os.Getpid()), runtime.Version()} {
+		if !strings.Contains(row.RuntimeInfo, want) {
+			t.Errorf("runtime_info %q lacks %q", row.RuntimeInfo, want)
+		}
 	}
 }
 

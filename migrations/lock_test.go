@@ -27,13 +27,13 @@ func TestMain(m *testing.M) {
 	if dsn := os.Getenv(childDSNEnv); dsn != "" {
 		os.Exit(runMigratorChild(dsn))
 	}
-	testdb.Main(m, func(ctx context.Context, dsn string) error {
+	os.Exit(testdb.Run(m, func(ctx context.Context, dsn string) error {
 		m, err := New(dsn, &Config{HolderInfo: "testdb"})
 		if err != nil {
 			return err
 		}
 		return m.Up(ctx)
-	})
+	}))
 }
 
 // openRaw opens a plain pool on dsn, closed at cleanup.

@@ -6,8 +6,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -18,6 +16,7 @@ import (
 
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/migrationhook"
+	"github.com/bmdb-dev/bmdb/internal/procinfo"
 )
 
 // Defaults and limits of Config.
@@ -40,9 +39,10 @@ type Config struct {
 
 	// HolderInfo names the caller in the migration lease, where
 	// Migrator.ReadLock, bmdbctl migrate lock and the log of a migrator
-	// waiting for the lease show it, e.g. "bmdbctl by alice on host1, pid
-	// 4242". At most MaxHolderInfoLength bytes of UTF-8, without NUL.
-	// Defaults to the program's name, host and process id.
+	// waiting for the lease show it, e.g. "bmdbctl on host1, pid 4242; ...,
+	// run by alice". At most MaxHolderInfoLength bytes of UTF-8, without NUL.
+	// Defaults to the program's name, host and process id, and its build
+	// (as bmdb.Config.RuntimeInfo's default).
 	HolderInfo string
 
 	// NetworkTimeout bounds what no context bounds: connecting when the
@@ -120,8 +120,7 @@ func New(dsn string, cfg *Config) (*Migrator, error) {
 	}
 	m := &Migrator{dsn: dsn, holderInfo: cfg.HolderInfo, timeout: cfg.NetworkTimeout, srcs: srcs, wrap: cfg.WrapConnector}
 	if m.holderInfo == "" {
-		host, _ := os.Hostname()
-		m.holderInfo = fmt.Sprintf("%s on %s, pid %d", filepath.Base(os.Args[0]), host, os.Getpid())
+		m.holderInfo = procinfo.Describe()
 	}
 	if m.timeout == 0 {
 		m.timeout = NetworkTimeoutDefault

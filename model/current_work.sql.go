@@ -327,6 +327,34 @@ func (q *Queries) CurrentWorkHealthByProcess(ctx context.Context) ([]CurrentWork
 	return items, nil
 }
 
+const currentWorkLeftForProcess = `-- name: CurrentWorkLeftForProcess :one
+SELECT (SELECT count(*) FROM active_backoffs b WHERE b.process = $1::TEXT) AS in_backoff,
+       (SELECT count(*) FROM current_work w
+        WHERE w.process = $1::TEXT AND w.session_id <> $2) AS claimed_by_others
+`
+
+type CurrentWorkLeftForProcessParams struct {
+	Process   string    `json:"process"`
+	SessionID uuid.UUID `json:"session_id"`
+}
+
+type CurrentWorkLeftForProcessRow struct {
+	InBackoff       int64 `json:"in_backoff"`
+	ClaimedByOthers int64 `json:"claimed_by_others"`
+}
+
+// CurrentWorkLeftForProcess counts what of one process the session
+// session_id cannot claim now: the machines in backoff for it, and its
+// claims held by other sessions (alive, or expired and not yet taken
+// over). worker's StopWhenIdle reads it to tell a loop that has nothing
+// left from one that has nothing it can do yet.
+func (q *Queries) CurrentWorkLeftForProcess(ctx context.Context, arg CurrentWorkLeftForProcessParams) (CurrentWorkLeftForProcessRow, error) {
+	row := q.db.QueryRowContext(ctx, currentWorkLeftForProcess, arg.Process, arg.SessionID)
+	var i CurrentWorkLeftForProcessRow
+	err := row.Scan(&i.InBackoff, &i.ClaimedByOthers)
+	return i, err
+}
+
 const currentWorkList = `-- name: CurrentWorkList :many
 SELECT machine_id, process, session_id, component_name, started_at, age_seconds, alive FROM current_work
 WHERE $1::TEXT IS NULL OR process = $1::TEXT

@@ -171,6 +171,55 @@ func (q *Queries) ReadableHistoryForSession(ctx context.Context, arg ReadableHis
 	return items, nil
 }
 
+const readableHistoryRecent = `-- name: ReadableHistoryRecent :many
+SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+WHERE ($1::TEXT IS NULL OR process = $1::TEXT)
+  AND ($2::TIMESTAMPTZ IS NULL OR at >= $2::TIMESTAMPTZ)
+ORDER BY at DESC, id DESC
+LIMIT $3
+`
+
+type ReadableHistoryRecentParams struct {
+	Process  sql.NullString `json:"process"`
+	Since    sql.NullTime   `json:"since"`
+	RowLimit int32          `json:"row_limit"`
+}
+
+// ReadableHistoryRecent returns up to row_limit of the fleet's most recent
+// events since a time (NULL: all), of one process or (NULL) of all, newest
+// first: a backward scan of work_history (at).
+func (q *Queries) ReadableHistoryRecent(ctx context.Context, arg ReadableHistoryRecentParams) ([]ReadableHistory, error) {
+	rows, err := q.db.QueryContext(ctx, readableHistoryRecent, arg.Process, arg.Since, arg.RowLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ReadableHistory{}
+	for rows.Next() {
+		var i ReadableHistory
+		if err := rows.Scan(
+			&i.ID,
+			&i.MachineID,
+			&i.Process,
+			&i.Event,
+			&i.SessionID,
+			&i.ComponentName,
+			&i.At,
+			&i.Cause,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const readableHistoryRecentFailures = `-- name: ReadableHistoryRecentFailures :many
 SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
 WHERE event = 'Failed' AND at >= $1

@@ -10,7 +10,53 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
+
+const workHistoryEventCountsForMachines = `-- name: WorkHistoryEventCountsForMachines :many
+SELECT machine_id, event, count(*) AS events FROM work_history
+WHERE process = $1 AND machine_id = ANY ($2::UUID[])
+GROUP BY machine_id, event
+ORDER BY machine_id, event
+`
+
+type WorkHistoryEventCountsForMachinesParams struct {
+	Process    string      `json:"process"`
+	MachineIds []uuid.UUID `json:"machine_ids"`
+}
+
+type WorkHistoryEventCountsForMachinesRow struct {
+	MachineID uuid.UUID        `json:"machine_id"`
+	Event     WorkHistoryEvent `json:"event"`
+	Events    int64            `json:"events"`
+}
+
+// WorkHistoryEventCountsForMachines counts the history events of one
+// process per machine and event, for the given machines (those without
+// any event of the process have no row): an index range scan on
+// work_history (machine_id, at) per machine.
+func (q *Queries) WorkHistoryEventCountsForMachines(ctx context.Context, arg WorkHistoryEventCountsForMachinesParams) ([]WorkHistoryEventCountsForMachinesRow, error) {
+	rows, err := q.db.QueryContext(ctx, workHistoryEventCountsForMachines, arg.Process, pq.Array(arg.MachineIds))
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkHistoryEventCountsForMachinesRow{}
+	for rows.Next() {
+		var i WorkHistoryEventCountsForMachinesRow
+		if err := rows.Scan(&i.MachineID, &i.Event, &i.Events); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const workHistoryEventsPerMinute = `-- name: WorkHistoryEventsPerMinute :many
 SELECT process, event::TEXT AS event, date_trunc('minute', at)::TIMESTAMPTZ AS minute, count(*) AS events

@@ -79,3 +79,13 @@ JOIN machine_overview mo ON mo.machine_id = c.machine_id
 WHERE (c.oldest, c.machine_id) > (sqlc.arg(after_at)::TIMESTAMPTZ, sqlc.arg(after_id)::UUID)
 ORDER BY c.oldest, c.machine_id
 LIMIT sqlc.arg(row_limit);
+
+-- name: CurrentWorkLeftForProcess :one
+-- CurrentWorkLeftForProcess counts what of one process the session
+-- session_id cannot claim now: the machines in backoff for it, and its
+-- claims held by other sessions (alive, or expired and not yet taken
+-- over). worker's StopWhenIdle reads it to tell a loop that has nothing
+-- left from one that has nothing it can do yet.
+SELECT (SELECT count(*) FROM active_backoffs b WHERE b.process = sqlc.arg(process)::TEXT) AS in_backoff,
+       (SELECT count(*) FROM current_work w
+        WHERE w.process = sqlc.arg(process)::TEXT AND w.session_id <> sqlc.arg(session_id)) AS claimed_by_others;

@@ -35,3 +35,13 @@ SELECT * FROM readable_history
 WHERE event = 'Failed' AND at >= sqlc.arg(since)
 ORDER BY at DESC, id DESC
 LIMIT sqlc.arg(row_limit);
+
+-- name: ReadableHistoryRecent :many
+-- ReadableHistoryRecent returns up to row_limit of the fleet's most recent
+-- events since a time (NULL: all), of one process or (NULL) of all, newest
+-- first: a backward scan of work_history (at).
+SELECT * FROM readable_history
+WHERE (sqlc.narg(process)::TEXT IS NULL OR process = sqlc.narg(process)::TEXT)
+  AND (sqlc.narg(since)::TIMESTAMPTZ IS NULL OR at >= sqlc.narg(since)::TIMESTAMPTZ)
+ORDER BY at DESC, id DESC
+LIMIT sqlc.arg(row_limit);

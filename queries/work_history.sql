@@ -41,3 +41,13 @@ SELECT DISTINCT r.component_name::TEXT AS component_name FROM (
     LIMIT sqlc.arg(row_limit)
 ) r
 ORDER BY 1;
+
+-- name: WorkHistoryEventCountsForMachines :many
+-- WorkHistoryEventCountsForMachines counts the history events of one
+-- process per machine and event, for the given machines (those without
+-- any event of the process have no row): an index range scan on
+-- work_history (machine_id, at) per machine.
+SELECT machine_id, event, count(*) AS events FROM work_history
+WHERE process = sqlc.arg(process) AND machine_id = ANY (sqlc.arg(machine_ids)::UUID[])
+GROUP BY machine_id, event
+ORDER BY machine_id, event;

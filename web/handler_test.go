@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,14 +17,14 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
-func TestMain(m *testing.M) { bmdbtest.Main(m) }
+func TestMain(m *testing.M) { os.Exit(bmdbtest.Run(m, nil)) }
 
 // fleet is seeded data: 120 machines, of which busy is claimed by a live
 // os-installer session for install-os, failed is in backoff for install-os,

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
+	"github.com/bmdb-dev/bmdb/internal/testing/netproxy"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
@@ -54,9 +57,9 @@ func returned(t *testing.T, ran <-chan error, timeout time.Duration) error {
 	}
 }
 
-// With StopWhenIdle, Run processes every machine and returns nil once
-// there is nothing left to do. A machine in backoff is nothing to do: Run
-// returns with the one that failed still in backoff.
+// With StopWhenIdle, Run processes every machine and returns once there
+// is nothing it can do. A machine in backoff is work left: Run says so,
+// with a *LeftError counting it, instead of returning nil.
 func TestStopWhenIdle(t *testing.T) {
 	e := newEnv(t, 20)
 	var failed atomic.Bool
@@ -75,8 +78,16 @@ func TestStopWhenIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := returned(t, runAsync(t, l), 30*time.Second); err != nil {
-		t.Fatalf("Run = %v, want nil once idle", err)
+	err = returned(t, runAsync(t, l), 30*time.Second)
+	var left *LeftError
+	if !errors.As(err, &left) || !errors.Is(err, ErrWorkLeft) {
+		t.Fatalf("Run = %v, want a *LeftError", err)
+	}
+	if left.Process != process || left.InBackoff != 1 || left.ClaimedByOthers != 0 || left.Idle < 300*time.Millisecond {
+		t.Errorf("Run = %+v, want 1 machine of %s in backoff, none claimed, after 300ms idle", left, process)
+	}
+	if want := "worker install: stopped after"; !strings.HasPrefix(err.Error(), want) || !strings.Contains(err.Error(), "1 machines in backoff, 0 claimed by other sessions") {
+		t.Errorf("Run's error says %q", err)
 	}
 	if took := time.Since(start); took < 300*time.Millisecond {
 		t.Errorf("Run returned after %v, before StopWhenIdle", took)
@@ -92,6 +103,175 @@ func TestStopWhenIdle(t *testing.T) {
 	}
 	if n := e.count("SELECT count(*) FROM sessions"); n != 0 {
 		t.Errorf("%d sessions left after Run returned", n)
+	}
+}
+
+// With DrainTimeout, an idle loop waits for machines in backoff and
+// retries them when their backoff ends: Run returns nil once every
+// machine is done.
+func TestStopWhenIdleDrainsBackoffs(t *testing.T) {
+	e := newEnv(t, 10)
+	var attempted sync.Map // machine -> true
+	var failures atomic.Int64
+	l, err := New(e.conn, Config{
+		Process: process, Retrieve: retrieveNotDone, Concurrency: 4,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			if _, again := attempted.LoadOrStore(w.Machine(), true); !again && failures.Add(1) <= 3 {
+				return nil, errors.New("burn-in failed") // the first attempt of three machines
+			}
+			return markDone(w), nil
+		},
+		Backoff: bmdb.Backoff{Initial: 500 * time.Millisecond, Maximum: 500 * time.Millisecond, Exponent: 2},
+		PollMin: 10 * time.Millisecond, PollMax: 50 * time.Millisecond,
+		StopWhenIdle: 50 * time.Millisecond, DrainTimeout: 20 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := returned(t, runAsync(t, l), 60*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil: the backoffs end within DrainTimeout", err)
+	}
+	bmdbtest.RequireFinishedOnce(t, e.db, process, e.machines()...)
+	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed'"); n != 3 {
+		t.Errorf("%d failures, want 3", n)
+	}
+}
+
+// DrainTimeout bounds the wait: a machine that fails on every attempt,
+// with a backoff shorter than DrainTimeout, is retried until the loop has
+// finished nothing for DrainTimeout; then Run says it is in backoff.
+func TestStopWhenIdleDrainIsBounded(t *testing.T) {
+	e := newEnv(t, 2)
+	ids := e.machines()
+	l, err := New(e.conn, Config{
+		Process: process, Retrieve: retrieveNotDone,
+		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			if w.Machine() == ids[0] {
+				return nil, errors.New("burn-in failed")
+			}
+			return markDone(w), nil
+		},
+		Backoff: bmdb.Backoff{Initial: 300 * time.Millisecond, Maximum: 300 * time.Millisecond, Exponent: 2},
+		PollMin: 10 * time.Millisecond, PollMax: 20 * time.Millisecond,
+		StopWhenIdle: 50 * time.Millisecond, DrainTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	err = returned(t, runAsync(t, l), 60*time.Second)
+	var left *LeftError
+	if !errors.As(err, &left) || left.InBackoff != 1 || left.ClaimedByOthers != 0 {
+		t.Fatalf("Run = %v, want a *LeftError with one machine in backoff", err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("Run returned after %v, before DrainTimeout", took)
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE event = 'Failed'"); n < 2 {
+		t.Errorf("%d failures: the machine was not retried while the loop waited", n)
+	}
+	// (Its 300ms backoff may have ended since: not RequireInBackoff.)
+	if n := e.count("SELECT count(*) FROM work_history WHERE machine_id = $1 AND event = 'Finished'", ids[0]); n != 0 {
+		t.Errorf("the failing machine finished %d times", n)
+	}
+	bmdbtest.RequireFinishedOnce(t, e.db, process, ids[1])
+}
+
+// Machines claimed by another session that is alive are work left: a
+// loop without DrainTimeout stops and counts them.
+func TestStopWhenIdleCountsOthersClaims(t *testing.T) {
+	e := newEnv(t, 10)
+	ids := e.machines()
+	other := e.otherSession(e.dsn)
+	claim(t, other, ids[:3])
+	l, err := New(e.conn, Config{
+		Process: process, Retrieve: retrieveNotDone, Concurrency: 4,
+		Work:         func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) { return markDone(w), nil },
+		StopWhenIdle: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = returned(t, runAsync(t, l), 60*time.Second)
+	var left *LeftError
+	if !errors.As(err, &left) || left.InBackoff != 0 || left.ClaimedByOthers != 3 {
+		t.Fatalf("Run = %v, want a *LeftError with 3 machines claimed by others", err)
+	}
+	bmdbtest.RequireFinishedOnce(t, e.db, process, ids[3:]...)
+}
+
+// The case: a copy of the worker killed while it held claims. Its
+// session is alive on the database clock until its deadline; with
+// DrainTimeout the other copy waits for it to expire, takes the claims
+// over, finishes them, and returns nil.
+func TestStopWhenIdleDrainsDeadSessionsClaims(t *testing.T) {
+	e := newEnv(t, 10)
+	ids := e.machines()
+	proxy, dsn := netproxy.ForDSN(t, e.dsn)
+	dead := e.otherSession(dsn)
+	claim(t, dead, ids[:3])
+	proxy.Cut(false) // the copy is gone: no heartbeat reaches the database
+	l, err := New(e.conn, Config{
+		Process: process, Retrieve: retrieveNotDone, Concurrency: 4,
+		Work:    func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) { return markDone(w), nil },
+		PollMin: 10 * time.Millisecond, PollMax: 100 * time.Millisecond,
+		StopWhenIdle: 100 * time.Millisecond, DrainTimeout: 30 * time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := returned(t, runAsync(t, l), 60*time.Second); err != nil {
+		t.Fatalf("Run = %v, want nil once the dead session's claims are taken over and finished", err)
+	}
+	bmdbtest.RequireAbandoned(t, e.db, process, ids[:3]...)
+	bmdbtest.RequireFinishedOnce(t, e.db, process, ids...)
+}
+
+// machines returns the env's machines, by id.
+func (e *env) machines() []uuid.UUID {
+	e.t.Helper()
+	rows, err := e.db.Query("SELECT machine_id FROM machines ORDER BY machine_id")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		if err := rows.Scan(&id); err != nil {
+			e.t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	if err := rows.Err(); err != nil {
+		e.t.Fatal(err)
+	}
+	return ids
+}
+
+// otherSession starts a session of another component on dsn (the env's
+// database), with a 2 s interval, closed at the test's end.
+func (e *env) otherSession(dsn string) *bmdb.Session {
+	e.t.Helper()
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "other-copy", SessionInterval: 2 * time.Second, WrapConnector: testdb.WrapConnector()})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { conn.Close() })
+	sess, err := conn.StartSession(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { sess.Close(context.Background()) })
+	return sess
+}
+
+// claim claims machines for the process on sess.
+func claim(t *testing.T, sess *bmdb.Session, machines []uuid.UUID) {
+	t.Helper()
+	works, err := sess.WorkMany(context.Background(), process, len(machines), func(*bmdb.Tx) ([]uuid.UUID, error) { return machines, nil })
+	if err != nil || len(works) != len(machines) {
+		t.Fatalf("claiming %d machines: %d claimed, %v", len(machines), len(works), err)
 	}
 }
 

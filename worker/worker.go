@@ -123,16 +123,33 @@ type Config struct {
 	// RestartDelay is the wait before starting a new session after one
 	// ended or could not be started. Defaults to RestartDelayDefault.
 	RestartDelay time.Duration
-	// StopWhenIdle, if positive, makes Run return nil once the loop has
-	// had nothing to do for this long: no handler running and every claim
-	// in that time finding no candidate (bmdb.ErrNothingToDo, which
-	// includes candidates in backoff) or only candidates claimed by other
-	// live sessions (bmdb.ErrWorkConflict). For batch jobs and tests that
-	// process what there is and exit; a machine in backoff does not keep
-	// the loop running, a pause or a cap of the process does (work is
-	// left: bmdb.ErrProcessPaused, bmdb.ErrCapReached). Defaults to 0: Run returns only when its context
-	// is done (or on a permanent error).
+	// StopWhenIdle, if positive, makes Run return once the loop has had
+	// nothing it can do for this long (it is idle): no handler running,
+	// and every claim in that time finding no candidate
+	// (bmdb.ErrNothingToDo, which includes candidates in backoff) or only
+	// candidates claimed by other sessions (bmdb.ErrWorkConflict); a
+	// pause or a cap of the process keeps it from being idle (work is
+	// left: bmdb.ErrProcessPaused, bmdb.ErrCapReached). For batch jobs and
+	// tests that process what there is and exit. Run then
+	// counts the work of the process it could not do: machines in backoff
+	// and claims held by other sessions (still at work, or dead and not
+	// yet expired). If there is none it returns nil; otherwise it waits
+	// for up to DrainTimeout more, and returns a *LeftError saying how
+	// much was left if the work has not been done by then. Defaults to 0:
+	// Run returns only when its context is done (or on a permanent
+	// error).
 	StopWhenIdle time.Duration
+	// DrainTimeout is how long a loop that is idle for StopWhenIdle with
+	// work of its process left keeps polling for that work to become
+	// doable: backoffs that end, claims that other sessions end, claims
+	// of dead sessions that expire (the loop then takes them over). Run
+	// returns nil as soon as the loop is idle with nothing left, and a
+	// *LeftError once it has waited DrainTimeout without finishing a
+	// machine: each machine the loop finishes starts the wait anew, a
+	// failed retry does not, so that a machine that keeps failing cannot
+	// keep the loop running. Used only with StopWhenIdle. Defaults to 0:
+	// Run returns at StopWhenIdle, with a *LeftError if work is left.
+	DrainTimeout time.Duration
 }
 
 func (c Config) withDefaults() Config {
@@ -160,6 +177,13 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Validate reports, as New would, whether c is unusable: it returns an
+// error wrapping bmdb.ErrInvalidArgument that names the first bad field
+// (after defaults), or nil. It touches no database: call it before
+// bmdb.Open, so that a bad Config, such as a process name with a space,
+// is refused before Open migrates anything.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 func (c Config) validate() error {
 	if err := bmdb.ValidateProcess(c.Process); err != nil {
 		return fmt.Errorf("worker.Config.Process: %w", err)
@@ -181,6 +205,10 @@ func (c Config) validate() error {
 		return fmt.Errorf("%w: worker.Config.RestartDelay is %v, must not be negative", bmdb.ErrInvalidArgument, c.RestartDelay)
 	case c.StopWhenIdle < 0:
 		return fmt.Errorf("%w: worker.Config.StopWhenIdle is %v, must not be negative", bmdb.ErrInvalidArgument, c.StopWhenIdle)
+	case c.DrainTimeout < 0:
+		return fmt.Errorf("%w: worker.Config.DrainTimeout is %v, must not be negative", bmdb.ErrInvalidArgument, c.DrainTimeout)
+	case c.DrainTimeout > 0 && c.StopWhenIdle == 0:
+		return fmt.Errorf("%w: worker.Config.DrainTimeout is %v without StopWhenIdle: the loop drains only when it stops when idle", bmdb.ErrInvalidArgument, c.DrainTimeout)
 	}
 	if err := c.Backoff.Validate(); err != nil {
 		return fmt.Errorf("worker.Config.Backoff: %w", err)
@@ -213,19 +241,19 @@ type Loop struct {
 	conn  *bmdb.Connection
 	cfg   Config
 	batch *bmdb.SharedCommit // of Config.CommitShared; nil without one
-	// stop ends Run early with a cause: errIdle, or an error wrapping
-	// ErrPermanent. Set by Run before it starts any goroutine; called by
-	// the claimer and the handlers.
+	// stop ends Run early with a cause: errIdle, a *LeftError, or an
+	// error wrapping ErrPermanent. Set by Run before it starts any
+	// goroutine; called by the claimer and the handlers.
 	stop context.CancelCauseFunc
 
-	stopOnce                                          sync.Once // guards the first permanent error
-	started                                           atomic.Bool
+	stopOnce sync.Once // guards the first permanent error
+	started  atomic.Bool
 	// ended wakes a claimer that found the process at its cap: one of
 	// the loop's claims is ending (its handler is done: a claim made now
 	// shares the end's transaction, which frees the slot first), or has
 	// ended. Capacity 1; handlers send without waiting (wakeClaimer), the
 	// claimer receives.
-	ended chan struct{}
+	ended                                             chan struct{}
 	sessions, polls, asked, claimed, finished, failed atomic.Int64
 	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
 	paused, capped                                    atomic.Int64
@@ -233,15 +261,15 @@ type Loop struct {
 }
 
 // New returns a Loop over conn, or an error wrapping bmdb.ErrInvalidArgument
-// naming the bad Config field.
+// naming the bad Config field (Config.Validate's).
 func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: worker.New: conn is nil", bmdb.ErrInvalidArgument)
 	}
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	cfg = cfg.withDefaults()
 	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared), ended: make(chan struct{}, 1)}, nil
 }
 
@@ -267,9 +295,6 @@ var ErrAlreadyRunning = errors.New("worker: Run called twice")
 // message names the process, and the machine for a commit.
 var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
 
-// errIdle is the cause of Run's end after Config.StopWhenIdle.
-var errIdle = errors.New("worker: idle")
-
 // Run claims and processes machines until ctx is done, then shuts down: it
 // stops claiming, lets in-flight work finish for up to ShutdownGrace,
 // cancels the claims still running after that, closes the session, and
@@ -277,11 +302,20 @@ var errIdle = errors.New("worker: idle")
 // in-flight work is abandoned (its context is cancelled and its claims are
 // taken over by whoever claims them next).
 //
-// Run also returns, after the same shutdown, in two cases: with nil once
-// the loop has been idle for Config.StopWhenIdle, if set; and with an
-// error wrapping ErrPermanent and the database error (logged once, as an
-// error) when claiming, committing or starting a session fails in a way
-// no retry can fix. Transient errors are logged as warnings and retried.
+// Run also returns, after the same shutdown, in these cases. With
+// Config.StopWhenIdle set, once the loop has been idle for that long: with
+// nil if no work of the process is left, and otherwise, after waiting up
+// to Config.DrainTimeout for it to be done, with a *LeftError (wrapping
+// ErrWorkLeft) that says how many machines were in backoff and how many
+// claimed by other sessions when it stopped; or, if it could not count
+// them, with the database's error. And with an error wrapping
+// ErrPermanent and the database error (logged once, as an error) when
+// claiming, committing or starting a session fails in a way no retry can
+// fix. Transient errors are logged as warnings and retried.
+//
+// So a nil error from a Loop with StopWhenIdle means that the process had
+// nothing left: every machine its Retrieve proposed was processed, none
+// is in backoff, and no other session holds a claim of it.
 func (l *Loop) Run(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -311,8 +345,8 @@ func (l *Loop) Run(ctx context.Context) error {
 			_ = wait.Sleep(runCtx, l.cfg.RestartDelay)
 		}
 	}
-	if cause := context.Cause(runCtx); errors.Is(cause, ErrPermanent) {
-		return cause
+	if cause := context.Cause(runCtx); cause != errIdle && !errors.Is(cause, context.Cause(ctx)) {
+		return cause // l.stop's, before ctx ended: a permanent error, a *LeftError, or why the work left could not be counted
 	}
 	return nil
 }
@@ -374,6 +408,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	var idleSince time.Time // since when claims found nothing and no handler ran
 	paused := false         // the last claim call found the process paused
 	capped := false         // the last claim calls found the process at its cap, and got no more since
+	var dr drain            // StopWhenIdle's wait for work left
 	for {
 		select {
 		case busy <- struct{}{}:
@@ -430,14 +465,12 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 					idleSince = time.Time{}
 				case idleSince.IsZero():
 					idleSince = time.Now()
-				case time.Since(idleSince) >= l.cfg.StopWhenIdle:
-					klog.V(1).Infof("worker %s: nothing to do for %v; stopping", l.cfg.Process, l.cfg.StopWhenIdle)
-					l.stop(errIdle)
+				case time.Since(idleSince) >= l.cfg.StopWhenIdle && l.drained(claimCtx, sess, time.Since(idleSince), &dr, err):
 					return
 				}
 				if !idleSince.IsZero() {
-					// Poll again when the idle time is up, to stop then.
-					delay = max(min(delay, l.cfg.StopWhenIdle-time.Since(idleSince)), 0)
+					// Poll again when the idle time is up, or the drain's, to stop then.
+					delay = max(min(delay, l.untilStop(idleSince, &dr)), 0)
 				}
 			}
 			capped = errors.Is(err, bmdb.ErrCapReached)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -16,11 +17,11 @@ import (
 	"github.com/lib/pq"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
-func TestMain(m *testing.M) { bmdbtest.Main(m) }
+func TestMain(m *testing.M) { os.Exit(bmdbtest.Run(m, nil)) }
 
 const process = "install"
 
@@ -407,12 +408,23 @@ func TestNewRejectsBadConfig(t *testing.T) {
 		{"PollMax", func(c *Config) { c.PollMin, c.PollMax = time.Second, time.Millisecond }},
 		{"ShutdownGrace", func(c *Config) { c.ShutdownGrace = -1 }},
 		{"Backoff", func(c *Config) { c.Backoff = bmdb.Backoff{Initial: -1} }},
+		{"StopWhenIdle", func(c *Config) { c.StopWhenIdle = -1 }},
+		{"DrainTimeout", func(c *Config) { c.StopWhenIdle, c.DrainTimeout = time.Second, -1 }},
+		{"DrainTimeout", func(c *Config) { c.DrainTimeout = time.Second }}, // without StopWhenIdle
 	} {
 		cfg := good
 		tc.mod(&cfg)
 		if _, err := New(conn, cfg); !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) {
 			t.Errorf("New with bad %s = %v", tc.field, err)
 		}
+		// Validate says the same without a Connection, so that a program
+		// can check its Config before bmdb.Open touches the database.
+		if err := cfg.Validate(); !errors.Is(err, bmdb.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Validate with bad %s = %v", tc.field, err)
+		}
+	}
+	if err := good.Validate(); err != nil {
+		t.Errorf("Validate(good) = %v", err)
 	}
 	if _, err := New(nil, good); !errors.Is(err, bmdb.ErrInvalidArgument) {
 		t.Errorf("New(nil conn) = %v", err)

@@ -1,14 +1,16 @@
 // Command bmdb-schema writes bmdb's schema, the up migrations of the bmdb
 // version it is built from in order (migrations.Schema), to standard
 // output. An application's sqlc configuration lists that file before the
-// application's own migrations:
+// application's own migrations. The application's go.mod lists the
+// command as a tool (go mod edit -tool
+// github.com/bmdb-dev/bmdb/cmd/bmdb-schema, which also keeps go mod tidy
+// from dropping bmdb before any code imports it), and
 //
-//	go run github.com/bmdb-dev/bmdb/cmd/bmdb-schema > bmdb_schema.sql
+//	go tool bmdb-schema > bmdb_schema.sql
 //
-// Run from the application's module, it prints the schema of the bmdb
-// version the application requires in its go.mod; commit the file and
-// regenerate it when upgrading bmdb (examples/burnin does both, and its
-// test checks that the committed copy is current).
+// prints the schema of the bmdb version the application requires; commit
+// the file and regenerate it when upgrading bmdb (examples/burnin does
+// both, and its test checks that the committed copy is current).
 package main
 
 import (

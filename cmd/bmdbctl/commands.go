@@ -187,10 +187,14 @@ type machinesPage struct {
 
 func machinesCommand(fs *flag.FlagSet) runFunc {
 	stage := fs.String("stage", "", "only machines at this stage of the application's (its app_stages view)")
+	process := fs.String("process", "", "only machines with a claim of this process (live, or held by an expired session)")
 	after := fs.String("after", "", "start after this machine id (keyset pagination: the last id of the previous page)")
 	limit := fs.Int("limit", machinesLimitDefault, "at most this many machines (a page; a last line tells the next page's --after)")
 	return func(ctx context.Context, c *common, args []string) error {
 		if err := noArgs("machines", args); err != nil {
+			return err
+		}
+		if err := checkProcess(*process, false); err != nil {
 			return err
 		}
 		if err := checkLimit(*limit); err != nil {
@@ -215,7 +219,7 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 				return usagef("--stage %q is not one of %v", *stage, stages)
 			}
 			// One more than a page: whether there is a next one.
-			rows, err := web.ListMachines(ctx, conn.DB(), web.MachineFilter{Stage: *stage}, afterID, *limit+1, stages != nil)
+			rows, err := web.ListMachines(ctx, conn.DB(), web.MachineFilter{Stage: *stage, Process: *process}, afterID, *limit+1, stages != nil)
 			if err != nil {
 				return err
 			}
@@ -240,6 +244,9 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 				if *stage != "" {
 					cmd += " --stage " + *stage
 				}
+				if *process != "" {
+					cmd += " --process " + *process
+				}
 				if *limit != machinesLimitDefault {
 					cmd += fmt.Sprintf(" --limit %d", *limit)
 				}
@@ -250,18 +257,18 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// historyTable lists one machine's events newest first (as queried, and as
-// the web pages list them), without the machine column.
+// historyTable lists events newest first (as queried, and as the web
+// pages list them); one machine's without the machine column.
 func historyTable(rows []model.ReadableHistory) *table {
-	t := &table{header: []string{"AT", "PROCESS", "EVENT", "COMPONENT", "SESSION", "CAUSE"}}
+	t := &table{header: []string{"AT", "MACHINE", "PROCESS", "EVENT", "COMPONENT", "SESSION", "CAUSE"}}
 	for _, r := range rows {
-		t.add(r, r.At, r.Process, r.Event, r.ComponentName, r.SessionID, r.Cause)
+		t.add(r, r.At, r.MachineID, r.Process, r.Event, r.ComponentName, r.SessionID, r.Cause)
 	}
 	return t
 }
 
 func historyCommand(fs *flag.FlagSet) runFunc {
-	machine := fs.String("machine", "", "the machine id (required)")
+	machine := fs.String("machine", "", "only this machine's events (default: the whole fleet's)")
 	process := fs.String("process", "", "only events of this process")
 	since := duration(fs, "since", 0, "only events of the last D (e.g. 1h), on the database clock")
 	limit := fs.Int("limit", 100, "at most this many events, the most recent")
@@ -280,9 +287,12 @@ func historyCommand(fs *flag.FlagSet) runFunc {
 		if err := checkProcess(*process, false); err != nil {
 			return err
 		}
-		id, err := parseMachine("--machine", *machine)
-		if err != nil {
-			return err
+		id := uuid.Nil
+		if *machine != "" {
+			var err error
+			if id, err = parseMachine("--machine", *machine); err != nil {
+				return err
+			}
 		}
 		if *since < 0 {
 			return usagef("--since is %v, must not be negative", *since)
@@ -291,19 +301,26 @@ func historyCommand(fs *flag.FlagSet) runFunc {
 			return err
 		}
 		return withQueries(ctx, c, func(q *model.Queries, conn *bmdb.Connection) error {
-			params := model.ReadableHistoryForMachineParams{MachineID: id, Process: optional(*process), RowLimit: int32(*limit)}
+			var from sql.NullTime
 			if *since > 0 {
 				var now time.Time
 				if err := conn.DB().QueryRowContext(ctx, "SELECT now()").Scan(&now); err != nil {
 					return err
 				}
-				params.Since = sql.NullTime{Time: now.Add(-*since), Valid: true}
+				from = sql.NullTime{Time: now.Add(-*since), Valid: true}
 			}
-			rows, err := q.ReadableHistoryForMachine(ctx, params)
+			if id == uuid.Nil {
+				rows, err := q.ReadableHistoryRecent(ctx, model.ReadableHistoryRecentParams{Process: optional(*process), Since: from, RowLimit: int32(*limit)})
+				if err != nil {
+					return err
+				}
+				return historyTable(rows).print(c.out, c.json)
+			}
+			rows, err := q.ReadableHistoryForMachine(ctx, model.ReadableHistoryForMachineParams{MachineID: id, Process: optional(*process), Since: from, RowLimit: int32(*limit)})
 			if err != nil {
 				return err
 			}
-			return historyTable(rows).print(c.out, c.json)
+			return historyTable(rows).without("MACHINE").print(c.out, c.json)
 		})
 	}
 }
@@ -417,7 +434,7 @@ func printMachine(c *common, m machineJSON) error {
 		return err
 	}
 	fmt.Fprintln(c.out, "\nrecent history, newest first:")
-	return historyTable(m.History).print(c.out, false)
+	return historyTable(m.History).without("MACHINE").print(c.out, false)
 }
 
 func backoffCommand(fs *flag.FlagSet) runFunc {

@@ -14,9 +14,10 @@
 //	sessions                       live sessions, with seconds until their deadline
 //	work [--process P]             current claims, with their component and age
 //	backoffs [--process P]         backoffs in force, with cause and time left
-//	machines [--stage S] [--after ID] [--limit N]
+//	machines [--stage S] [--process P] [--after ID] [--limit N]
 //	machine ID                     one machine: stage, claims, backoffs, recent history
-//	history --machine ID [--process P] [--since D] [--limit N]
+//	history [--machine ID] [--process P] [--since D] [--limit N]
+//	                               the fleet's events, or one machine's, newest first
 //	history prune --older-than D [--batch N]
 //	backoff clear --machine ID --process P [--reason R]
 //	pause PROCESS [--reason R] [--by NAME]
@@ -63,6 +64,7 @@ import (
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/procinfo"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
@@ -100,10 +102,10 @@ var commands = []command{
 	{"sessions", []string{"sessions"}, "live sessions, with seconds until their deadline", sessionsCommand},
 	{"work", []string{"work [--process P] [--limit N]"}, "current claims, with their component and age", workCommand},
 	{"backoffs", []string{"backoffs [--process P] [--limit N]"}, "backoffs in force, with cause and time left", backoffsCommand},
-	{"machines", []string{"machines [--stage S] [--after ID] [--limit N]"}, "machines with their stage, claims and backoffs, in pages", machinesCommand},
+	{"machines", []string{"machines [--stage S] [--process P] [--after ID] [--limit N]"}, "machines with their stage, claims and backoffs, in pages", machinesCommand},
 	{"machine", []string{"machine ID [--limit N]"}, "one machine: stage, claims, backoffs, recent history (newest first)", machineCommand},
-	{"history", []string{"history --machine ID [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
-		"a machine's events, newest first; prune deletes old events of every machine", historyCommand},
+	{"history", []string{"history [--machine ID] [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
+		"the fleet's events, or one machine's, newest first; prune deletes old events of every machine", historyCommand},
 	{"backoff", []string{"backoff clear --machine ID --process P [--reason R]"}, "clear a backoff, recorded as BackoffCleared", backoffCommand},
 	{"pause", []string{"pause PROCESS [--reason R] [--by NAME]"}, "pause a process fleet-wide: no new claim of it commits anywhere until resume (held claims end normally)", pauseCommand},
 	{"resume", []string{"resume PROCESS [--reason R] [--by NAME]"}, "end a pause: components claim again at their next poll", resumeCommand},
@@ -294,9 +296,8 @@ func (c *common) open(ctx context.Context) (*bmdb.Connection, error) {
 	})
 }
 
-// runtimeInfo describes this run of bmdbctl for its session row.
+// runtimeInfo describes this run of bmdbctl for its session row, the
+// migration lease and a cleared backoff's history: who ran it, where.
 func runtimeInfo() string {
-	host, _ := os.Hostname()
-	user := os.Getenv("USER")
-	return fmt.Sprintf("bmdbctl by %s on %s, pid %d", user, host, os.Getpid())
+	return procinfo.Describe() + ", run by " + os.Getenv("USER")
 }

@@ -22,9 +22,9 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/model"
@@ -33,18 +33,47 @@ import (
 
 var binary string // the bmdbctl built for the tests
 
+// TestMain builds bmdbctl into a directory of its own and removes it
+// after the tests (os.Exit skips deferred calls: the removal runs between
+// bmdbtest.Run and os.Exit).
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "bmdbctl-test")
 	if err != nil {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "bmdbctl")
+	code := 1
 	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building bmdbctl: %v\n%s", err, out)
-		os.Exit(1)
+	} else {
+		code = bmdbtest.Run(m, nil)
 	}
-	defer os.RemoveAll(dir)
-	testdb.Main(m, bmdbtest.Migrate)
+	if err := os.RemoveAll(dir); err != nil {
+		fmt.Fprintf(os.Stderr, "removing the test's bmdbctl: %v\n", err)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// The test binary leaves nothing in the temporary directory: TestMain
+// removes the bmdbctl it built (an 18 MB file per run, before). It runs
+// this test binary again, without tests, with TMPDIR a directory of its
+// own, and looks at what is left there.
+func TestMainRemovesItsBinary(t *testing.T) {
+	t.Parallel()
+	tmp := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the test binary without tests: %v\n%s", err, out)
+	}
+	left, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range left {
+		t.Errorf("left in the temporary directory: %s", e.Name())
+	}
 }
 
 // ctl runs the binary with BMDB_DSN=dsn and returns stdout, stderr and the
@@ -180,6 +209,15 @@ func TestMachinesAndMachine(t *testing.T) {
 	if !strings.Contains(out, f.busy.String()) || strings.Contains(out, f.failed.String()) {
 		t.Errorf("machines --stage provided:\n%s", out)
 	}
+	// --process: the machines with a claim of the process, as the page's
+	// ?process= lists them; the failed machine's claim has ended.
+	out = ok(t, f.dsn, "machines", "--process", "install-os")
+	if !strings.Contains(out, f.busy.String()) || strings.Contains(out, f.failed.String()) {
+		t.Errorf("machines --process install-os:\n%s", out)
+	}
+	if out := ok(t, f.dsn, "machines", "--process", "provide"); !strings.Contains(out, "(none)") {
+		t.Errorf("machines --process provide:\n%s", out)
+	}
 	// Keyset pagination: the page after the first machine holds the second.
 	first, second := machines[0].MachineID, machines[1].MachineID
 	out = ok(t, f.dsn, "machines", "--after", first.String())
@@ -199,6 +237,13 @@ func TestMachinesAndMachine(t *testing.T) {
 	page.Next = nil
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--limit", "1", "--after", first.String(), "--json")), &page); err != nil || len(page.Machines) != 1 || page.Machines[0].MachineID != second || page.Next != nil {
 		t.Errorf("the last page = %+v, %v; want %s and no next", page, err, second)
+	}
+	// The next page's command keeps the filter.
+	if _, err := f.sess.WorkMany(context.Background(), "audit", 2, func(*bmdb.Tx) ([]uuid.UUID, error) { return []uuid.UUID{first, second}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if out, want := ok(t, f.dsn, "machines", "--process", "audit", "--limit", "1"), "(more machines: bmdbctl machines --after "+first.String()+" --process audit --limit 1)"; !strings.Contains(out, want) {
+		t.Errorf("machines --process audit --limit 1 lacks %q:\n%s", want, out)
 	}
 	// One call answers what the machine is doing, who holds it, since when.
 	out = ok(t, f.dsn, "machine", f.busy.String())
@@ -228,6 +273,27 @@ func TestHistoryAndBackoffClear(t *testing.T) {
 	}
 	if out := ok(t, f.dsn, "history", "--machine", f.failed.String(), "--since", "1h"); !strings.Contains(out, "Failed") {
 		t.Errorf("history --since 1h:\n%s", out)
+	}
+	// Without --machine, the fleet's events, newest first, with the
+	// machine of each.
+	var fleet []model.ReadableHistory
+	if err := json.Unmarshal([]byte(ok(t, f.dsn, "history", "--json")), &fleet); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, h := range fleet {
+		got = append(got, h.MachineID.String()+" "+h.Event)
+	}
+	if want := []string{f.failed.String() + " Failed", f.failed.String() + " Started", f.busy.String() + " Started"}; !slices.Equal(got, want) {
+		t.Errorf("history (fleet) = %q, want %q", got, want)
+	}
+	out = ok(t, f.dsn, "history", "--process", "install-os", "--limit", "2")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 3 || !strings.HasPrefix(lines[0], "AT ") || !strings.Contains(lines[0], "MACHINE") ||
+		!strings.Contains(lines[1], f.failed.String()) {
+		t.Errorf("history --process install-os --limit 2: a header and the 2 newest events with their machines, got:\n%s", out)
+	}
+	if out := ok(t, f.dsn, "history", "--process", "provide"); !strings.Contains(out, "(none)") {
+		t.Errorf("history --process provide (fleet):\n%s", out)
 	}
 	ok(t, f.dsn, "backoff", "clear", "--machine", f.failed.String(), "--process", "install-os", "--reason", "PXE fixed")
 	if out := ok(t, f.dsn, "backoffs"); strings.Contains(out, f.failed.String()) {
@@ -351,7 +417,6 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{nil, 2, "no command given"},
 		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
-		{[]string{"history"}, 2, "bmdbctl history: --machine is required"},
 		{[]string{"history", "--machine", "12345"}, 2, "is not a UUID"},
 		{[]string{"history", "--machine", id, "extra"}, 2, "takes no arguments"},
 		{[]string{"history", "prune", "extra", "--older-than", "1h"}, 2, "history prune takes no arguments"},
@@ -360,6 +425,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"machine", ""}, 2, "machine id is required"},
 		{[]string{"machine", "not-a-uuid"}, 2, "is not a UUID"},
 		{[]string{"machines", "--after", "x"}, 2, "--after \"x\" is not a UUID"},
+		{[]string{"machines", "--process", "burn in"}, 2, `--process "burn in": process name "burn in" has white space`},
+		{[]string{"history", "--process", "burn in"}, 2, `--process "burn in": process name "burn in" has white space`},
 		{[]string{"work", "--limit", "0"}, 2, "--limit is 0, must be in [1, 100000]"},
 		{[]string{"work", "--limit", "x"}, 2, `invalid value "x" for flag --limit: want an integer`},
 		{[]string{"--json=maybe", "work"}, 2, `invalid boolean value "maybe" for --json: want true or false`},
@@ -490,7 +557,8 @@ func TestHelp(t *testing.T) {
 	}
 	// Each command's own flags, with their types and defaults.
 	for _, tc := range []struct{ cmd, flag, want string }{
-		{"history", "--machine", "the machine id (required)"},
+		{"history", "--machine", "only this machine's events (default: the whole fleet's)"},
+		{"machines", "--process", "only machines with a claim of this process"},
 		{"history", "--since", "--since duration"},
 		{"history", "--limit", "(default 100)"},
 		{"history", "--older-than", "--older-than duration"},
@@ -555,6 +623,8 @@ func TestColumns(t *testing.T) {
 	}
 	out = ok(t, f.dsn, "history", "--machine", f.failed.String())
 	checkColumns(t, "history", strings.Fields(strings.SplitN(out, "\n", 2)[0]), true)
+	out = ok(t, f.dsn, "history")
+	checkColumns(t, "history (fleet)", strings.Fields(strings.SplitN(out, "\n", 2)[0]), false)
 	for _, cmd := range []string{"sessions", "work", "backoffs", "machines"} {
 		out := ok(t, f.dsn, cmd)
 		checkColumns(t, cmd, strings.Fields(strings.SplitN(out, "\n", 2)[0]), false)

@@ -6,11 +6,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
-func TestMain(m *testing.M) { bmdbtest.Main(m) }
+func TestMain(m *testing.M) { os.Exit(bmdbtest.Run(m, nil)) }
 
 // The program runs on a fresh database, as the README says.
 func TestRunsOnFreshDatabase(t *testing.T) {

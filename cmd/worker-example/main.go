@@ -9,7 +9,9 @@
 //	worker-example --dsn postgres://... --machines 200
 //
 // The DSN may also come from BMDB_DSN. make demo starts a throwaway
-// PostgreSQL and runs this against it.
+// PostgreSQL and runs this against it. The log (klog's lines: migrations,
+// warnings) goes to --log-file, $TMPDIR/worker-example.log by default,
+// not between the progress lines; errors go to standard error as well.
 package main
 
 import (
@@ -18,6 +20,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -55,6 +58,7 @@ type options struct {
 	metricsAddr  string
 	httpAddr     string
 	keepServing  bool
+	logFile      string // where klog writes ("": standard error)
 }
 
 func main() {
@@ -73,8 +77,14 @@ func main() {
 	flag.StringVar(&o.metricsAddr, "metrics-addr", "", "serve Prometheus metrics on this address, e.g. 127.0.0.1:9100 (default: off)")
 	flag.StringVar(&o.httpAddr, "http-addr", "", "serve the fleet web pages (and /metrics) on this address, e.g. 127.0.0.1:8080; port 0 picks one (default: off)")
 	flag.BoolVar(&o.keepServing, "keep-serving", false, "after the pipeline completes, keep serving the fleet pages (--http-addr) until interrupted (Ctrl-C)")
+	flag.StringVar(&o.logFile, "log-file", filepath.Join(os.TempDir(), "worker-example.log"),
+		"write the log (klog's lines) to this file, rewritten on each run, so that they do not interleave with the progress; - for standard error")
 	addLoggingFlags(flag.CommandLine, klogFlags)
 	flag.Parse()
+	if err := logTo(klogFlags, &o.logFile); err != nil {
+		fmt.Fprintln(os.Stderr, "worker-example:", err)
+		os.Exit(2)
+	}
 	if o.dsn == "" {
 		o.dsn = os.Getenv("BMDB_DSN") // not the flag's default: --help would print its password
 	}
@@ -107,6 +117,31 @@ func addLoggingFlags(cmd, logging *flag.FlagSet) {
 	}
 }
 
+// logTo sends klog's lines to the file *path instead of standard error,
+// where they would interleave with the progress lines: errors go to both.
+// It leaves klog as it is, and sets *path to "", if *path is "-" or if
+// the command line set klog's own destination flags.
+func logTo(klogFlags *flag.FlagSet, path *string) error {
+	own := false
+	flag.Visit(func(f *flag.Flag) {
+		own = own || f.Name == "logtostderr" || f.Name == "log_file" || f.Name == "log_dir" || f.Name == "alsologtostderr"
+	})
+	if *path == "-" || own {
+		*path = ""
+		return nil
+	}
+	// klog appends to the file: start it anew.
+	if err := os.Remove(*path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("--log-file: %w", err)
+	}
+	for name, value := range map[string]string{"logtostderr": "false", "log_file": *path} {
+		if err := klogFlags.Set(name, value); err != nil {
+			return fmt.Errorf("--log-file: %w", err)
+		}
+	}
+	return nil
+}
+
 func (o options) validate() error {
 	switch {
 	case o.dsn == "":
@@ -134,8 +169,6 @@ func run(ctx context.Context, o options) error {
 	serveCtx := ctx // --keep-serving: until interrupted, not bounded by --timeout
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	host, _ := os.Hostname()
-	runtimeInfo := fmt.Sprintf("worker-example on %s, pid %d", host, os.Getpid())
 
 	// The fleet pages' URL is the first line the demo prints: listen before
 	// anything else (opening bmdb logs its migrations), serve once open.
@@ -145,6 +178,9 @@ func run(ctx context.Context, o options) error {
 	}
 	if pages != nil {
 		defer pages.Close()
+	}
+	if o.logFile != "" {
+		fmt.Printf("the log goes to %s\n", o.logFile)
 	}
 
 	reg := prometheus.NewRegistry()
@@ -169,7 +205,7 @@ func run(ctx context.Context, o options) error {
 	var loops []*worker.Loop
 	for _, st := range pipeline.Stages {
 		conn, err := bmdb.Open(ctx, bmdb.Config{
-			DSN: o.dsn, ComponentName: st.Component, RuntimeInfo: runtimeInfo,
+			DSN: o.dsn, ComponentName: st.Component,
 			SessionInterval: o.interval, Metrics: metrics,
 			Application: pipeline.Application(),
 		})

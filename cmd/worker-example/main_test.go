@@ -3,15 +3,20 @@ package main
 import (
 	"context"
 	"database/sql"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/internal/testing/bmdbtest"
+	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
-func TestMain(m *testing.M) { bmdbtest.Main(m) }
+func TestMain(m *testing.M) { os.Exit(bmdbtest.Run(m, nil)) }
 
 // The pipeline takes every seeded machine through every stage exactly once,
 // failures and backoff included.
@@ -61,6 +66,38 @@ func TestPipelineCompletes(t *testing.T) {
 			WHERE f.machine_id = h.machine_id AND f.process = 'provide' AND f.event = 'Finished')`).Scan(&early)
 	if err != nil || early != 0 {
 		t.Errorf("%d agent starts before the machine was provided (err %v)", early, err)
+	}
+}
+
+// klog's lines go to the log file, not between the demo's own lines: the
+// binary's standard output and error, read as one stream as a terminal
+// shows them, hold no log line, and the file holds the migrations' lines.
+func TestLogDoesNotInterleaveWithProgress(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	binary := filepath.Join(dir, "worker-example")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building worker-example: %v\n%s", err, out)
+	}
+	logFile := filepath.Join(dir, "demo.log")
+	cmd := exec.Command(binary, "--machines", "20", "--work-duration", "1ms", "--log-file", logFile)
+	cmd.Env = append(os.Environ(), "BMDB_DSN="+testdb.New(t))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("worker-example: %v\n%s", err, out)
+	}
+	klogLine := regexp.MustCompile(`(?m)^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ .*$`)
+	if lines := klogLine.FindAllString(string(out), -1); len(lines) > 0 {
+		t.Errorf("log lines among the demo's output: %q", lines)
+	}
+	for _, want := range []string{"the log goes to " + logFile, "all 20 machines passed every stage"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("the demo's output lacks %q:\n%s", want, out)
+		}
+	}
+	log, err := os.ReadFile(logFile)
+	if err != nil || !strings.Contains(string(log), "migrations: migrating application pipeline") {
+		t.Errorf("the log file (%v) lacks the migrations' lines:\n%s", err, log)
 	}
 }
 

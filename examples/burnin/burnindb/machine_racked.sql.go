@@ -9,19 +9,22 @@ import (
 	"context"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
 
-const machineRackedInsert = `-- name: MachineRackedInsert :exec
-INSERT INTO machine_racked (machine_id, rack) VALUES ($1, $2)
+const machinesRackedInsert = `-- name: MachinesRackedInsert :exec
+INSERT INTO machine_racked (machine_id, rack)
+SELECT unnest($1::UUID[]), $2::TEXT
 `
 
-type MachineRackedInsertParams struct {
-	MachineID uuid.UUID
-	Rack      string
+type MachinesRackedInsertParams struct {
+	MachineIds []uuid.UUID
+	Rack       string
 }
 
-// MachineRackedInsert records that a machine was racked (the seeding step).
-func (q *Queries) MachineRackedInsert(ctx context.Context, arg MachineRackedInsertParams) error {
-	_, err := q.db.ExecContext(ctx, machineRackedInsert, arg.MachineID, arg.Rack)
+// MachinesRackedInsert records that machines were racked in one rack (the
+// seeding step), in one statement whatever their number.
+func (q *Queries) MachinesRackedInsert(ctx context.Context, arg MachinesRackedInsertParams) error {
+	_, err := q.db.ExecContext(ctx, machinesRackedInsert, pq.Array(arg.MachineIds), arg.Rack)
 	return err
 }

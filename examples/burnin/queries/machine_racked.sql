@@ -1,3 +1,5 @@
--- name: MachineRackedInsert :exec
--- MachineRackedInsert records that a machine was racked (the seeding step).
-INSERT INTO machine_racked (machine_id, rack) VALUES (sqlc.arg(machine_id), sqlc.arg(rack));
+-- name: MachinesRackedInsert :exec
+-- MachinesRackedInsert records that machines were racked in one rack (the
+-- seeding step), in one statement whatever their number.
+INSERT INTO machine_racked (machine_id, rack)
+SELECT unnest(sqlc.arg(machine_ids)::UUID[]), sqlc.arg(rack)::TEXT;

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/url"
 	"sync"
+	"testing"
 )
 
 // Proxy is a TCP proxy from a local port to one 127.0.0.1 address, which
@@ -88,6 +90,24 @@ func New(target string) (*Proxy, error) {
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
+}
+
+// ForDSN returns a proxy to the server of dsn (a URL on 127.0.0.1),
+// closed when t ends, and dsn through it. It skips t if the server cannot
+// be proxied (it is not on 127.0.0.1).
+func ForDSN(t testing.TB, dsn string) (*Proxy, string) {
+	t.Helper()
+	u, err := url.Parse(dsn)
+	if err != nil {
+		t.Fatalf("netproxy: DSN is not a URL: %v", err)
+	}
+	p, err := New(u.Host)
+	if err != nil {
+		t.Skipf("cannot proxy the test server: %v", err)
+	}
+	t.Cleanup(p.Close)
+	u.Host = p.Addr()
+	return p, u.String()
 }
 
 // Addr returns the proxy's listening address.

@@ -41,19 +41,22 @@ var (
 	counter   atomic.Int64
 )
 
-// Main runs the tests of a package. setup migrates a new database to the
-// schema tests expect; New calls it once for the template. After the tests it
-// drops the template and fails the run if goroutines leaked.
+// Run runs the tests of a package and returns the exit code, as m.Run
+// does: TestMain calls os.Exit(testdb.Run(m, migrate)), or runs its own
+// clean-up between the two (os.Exit skips deferred calls).
+// migrate brings a new database to the schema tests expect; New calls it
+// once for the template. After the tests Run drops the template, and
+// fails the run if goroutines leaked.
 //
 // If crdbmode.EnvVar is set, the package's tests run in cockroach mode
 // (Emulator; see package crdbmode), and the counts of injected errors are
-// printed after them.
-func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
+// printed after them. A malformed crdbmode.EnvVar is exit code 2.
+func Run(m *testing.M, migrate func(ctx context.Context, dsn string) error) int {
 	setup = migrate
 	var err error
 	if mode, err = crdbmode.FromEnv(); err != nil {
 		fmt.Fprintln(os.Stderr, err)
-		os.Exit(2)
+		return 2
 	}
 	code := m.Run()
 	if mode.Enabled {
@@ -71,7 +74,7 @@ func Main(m *testing.M, migrate func(ctx context.Context, dsn string) error) {
 			code = 1
 		}
 	}
-	os.Exit(code)
+	return code
 }
 
 // Cockroach reports whether the test server is a CockroachDB cluster (not
@@ -220,7 +223,7 @@ func drop(name string) {
 func connect(t testing.TB) {
 	t.Helper()
 	if setup == nil {
-		t.Fatal("testdb: call testdb.Main from TestMain first")
+		t.Fatal("testdb: call testdb.Run from TestMain first")
 	}
 	if err := connectDSN(DSN(t)); err != nil {
 		t.Fatalf("testdb: %v", err)
