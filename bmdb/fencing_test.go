@@ -519,3 +519,31 @@ func TestFencingTokensGrow(t *testing.T) {
 		}
 	}
 }
+
+// Close returns, within a few seconds, on a connection whose network
+// swallows every packet: closing the pool's prepared statements (which
+// database/sql does without a context) is bounded too.
+func TestCloseOnABlackHole(t *testing.T) {
+	e := newWorkEnv(t)
+	p, dsn := e.proxied("black-holed-close")
+	c := e.open(func(c *Config) { c.DSN = dsn })
+	s := e.session(c)
+	m := e.machine()
+	w, err := s.Work(context.Background(), "install", retrieveAll(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Finish(context.Background(), tagCommit(m)); err != nil {
+		t.Fatal(err)
+	}
+	p.Cut(true) // black hole: nothing comes back
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- c.Close() }()
+	select {
+	case <-closed:
+		t.Logf("Close returned %v after the network went black", time.Since(start))
+	case <-time.After(15 * time.Second):
+		t.Fatal("Close did not return within 15 s on a black-holed network")
+	}
+}

@@ -113,10 +113,18 @@ func (c *Connection) transact(ctx context.Context, opts *sql.TxOptions, body fun
 		} else {
 			err = c.attemptPostgres(ctx, a, opts, body)
 		}
-		if err == nil || ctx.Err() != nil || errors.Is(err, ErrRetriesExhausted) {
-			return err
-		}
 		var restart *restartError
+		switch {
+		case err == nil || errors.Is(err, ErrRetriesExhausted):
+			return err
+		case ctx.Err() != nil:
+			// Ended meanwhile (the session, the callers): say why, not
+			// that the attempt was to run again.
+			if errors.As(err, &restart) {
+				err = restart.last
+			}
+			return contextError(ctx, err)
+		}
 		switch {
 		case errors.Is(err, errRerun):
 			// Not a failure: at once the first times in a row, then after

@@ -515,8 +515,23 @@ var (
 	_ driver.StmtQueryContext = (*stmt)(nil)
 )
 
+// stmtCloseTimeout bounds closing a statement, which database/sql calls
+// without a context (closing a pool's prepared statements, say): a server
+// that does not answer in time gets its connection cut.
+const stmtCloseTimeout = time.Second
+
 // Close implements driver.Stmt.
-func (s *stmt) Close() error { return s.c.err(s.pq.Close()) }
+func (s *stmt) Close() error {
+	ctx, cancel := context.WithTimeoutCause(context.Background(), stmtCloseTimeout, errStmtCloseTimeout)
+	defer cancel()
+	stop := s.c.nc.watch(ctx)
+	defer stop()
+	return s.c.err(s.pq.Close())
+}
+
+// errStmtCloseTimeout is the cause of a connection cut because closing a
+// statement on it took longer than stmtCloseTimeout.
+var errStmtCloseTimeout = errors.New("bmdb: closing a prepared statement took too long")
 
 // NumInput implements driver.Stmt.
 func (s *stmt) NumInput() int { return s.pq.NumInput() }
