@@ -210,11 +210,20 @@ func TestStalledClaimTransactionStaysLocal(t *testing.T) {
 			if _, err := stalled.wait(); err != nil {
 				t.Fatalf("the stalled Work: %v", err)
 			}
+			// Typical against typical: on a loaded machine one cycle of
+			// either side may take long for reasons of its own. A claim
+			// that waited for the stalled transaction would take far
+			// longer: until lock_timeout (a quarter of the interval), or
+			// until the stall ends.
 			slices.Sort(baseline)
-			worst, typical := slices.Max(during), baseline[len(baseline)/2]
-			t.Logf("claims beside the stalled transaction: worst %v, typical before %v", worst, typical)
-			if worst-typical >= 100*time.Millisecond {
-				t.Errorf("a claim beside the stalled transaction took %v, %v more than before", worst, worst-typical)
+			slices.Sort(during)
+			typical, typicalDuring, worst := baseline[len(baseline)/2], during[len(during)/2], slices.Max(during)
+			t.Logf("claims beside the stalled transaction: typical %v, worst %v; typical before %v", typicalDuring, worst, typical)
+			if typicalDuring-typical >= 100*time.Millisecond {
+				t.Errorf("claims beside the stalled transaction took typically %v, %v more than before", typicalDuring, typicalDuring-typical)
+			}
+			if worst >= time.Second {
+				t.Errorf("a claim beside the stalled transaction took %v: it waited for it", worst)
 			}
 			if st := c2.Stats(); st.TxLockTimeouts != 0 || st.TxDeadlocks != 0 {
 				t.Errorf("the other process waited on locks: %+v", st)
