@@ -68,6 +68,33 @@ func checkProcess(process string, required bool) error {
 // optional is s as a nullable query parameter: NULL if empty.
 func optional(s string) sql.NullString { return sql.NullString{String: s, Valid: s != ""} }
 
+// listFilter are the flags of a command that lists rows of one process or
+// of all: --process P and --limit N.
+type listFilter struct {
+	process *string
+	limit   *int
+}
+
+// addListFilter adds --process and --limit, described as what, with
+// default limit.
+func addListFilter(fs *flag.FlagSet, what string, limit int) listFilter {
+	return listFilter{
+		process: fs.String("process", "", "only "+what+" of this process"),
+		limit:   fs.Int("limit", limit, "at most this many "+what),
+	}
+}
+
+// check checks command name's arguments (none) and the filter's flags.
+func (f listFilter) check(name string, args []string) error {
+	if err := noArgs(name, args); err != nil {
+		return err
+	}
+	if err := checkProcess(*f.process, false); err != nil {
+		return err
+	}
+	return checkLimit(*f.limit)
+}
+
 // checkLimit checks --limit.
 func checkLimit(limit int) error {
 	if limit < 1 || limit > 100000 {
@@ -105,20 +132,13 @@ func workTable(rows []model.CurrentWork) *table {
 }
 
 func workCommand(fs *flag.FlagSet) runFunc {
-	process := fs.String("process", "", "only claims of this process")
-	limit := fs.Int("limit", 1000, "at most this many claims")
+	f := addListFilter(fs, "claims", 1000)
 	return func(ctx context.Context, c *common, args []string) error {
-		if err := noArgs("work", args); err != nil {
-			return err
-		}
-		if err := checkProcess(*process, false); err != nil {
-			return err
-		}
-		if err := checkLimit(*limit); err != nil {
+		if err := f.check("work", args); err != nil {
 			return err
 		}
 		return withQueries(ctx, c, func(q *model.Queries, _ *bmdb.Connection) error {
-			rows, err := q.CurrentWorkList(ctx, model.CurrentWorkListParams{Process: optional(*process), RowLimit: int32(*limit)})
+			rows, err := q.CurrentWorkList(ctx, model.CurrentWorkListParams{Process: optional(*f.process), RowLimit: int32(*f.limit)})
 			if err != nil {
 				return err
 			}
@@ -139,20 +159,13 @@ func backoffTable(rows []model.ActiveBackoff) *table {
 }
 
 func backoffsCommand(fs *flag.FlagSet) runFunc {
-	process := fs.String("process", "", "only backoffs of this process")
-	limit := fs.Int("limit", 1000, "at most this many backoffs")
+	f := addListFilter(fs, "backoffs", 1000)
 	return func(ctx context.Context, c *common, args []string) error {
-		if err := noArgs("backoffs", args); err != nil {
-			return err
-		}
-		if err := checkProcess(*process, false); err != nil {
-			return err
-		}
-		if err := checkLimit(*limit); err != nil {
+		if err := f.check("backoffs", args); err != nil {
 			return err
 		}
 		return withQueries(ctx, c, func(q *model.Queries, _ *bmdb.Connection) error {
-			rows, err := q.ActiveBackoffsList(ctx, model.ActiveBackoffsListParams{Process: optional(*process), RowLimit: int32(*limit)})
+			rows, err := q.ActiveBackoffsList(ctx, model.ActiveBackoffsListParams{Process: optional(*f.process), RowLimit: int32(*f.limit)})
 			if err != nil {
 				return err
 			}

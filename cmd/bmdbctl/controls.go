@@ -30,21 +30,14 @@ type controlRecord struct {
 
 func processesCommand(fs *flag.FlagSet) runFunc {
 	history := fs.Bool("history", false, "list the pauses, resumes and cap changes instead, newest first")
-	process := fs.String("process", "", "with --history: only this process's")
-	limit := fs.Int("limit", 100, "with --history: at most this many changes")
+	f := addListFilter(fs, "changes (--history)", 100)
 	return func(ctx context.Context, c *common, args []string) error {
-		if err := noArgs("processes", args); err != nil {
-			return err
-		}
-		if err := checkProcess(*process, false); err != nil {
-			return err
-		}
-		if err := checkLimit(*limit); err != nil {
+		if err := f.check("processes", args); err != nil {
 			return err
 		}
 		return withQueries(ctx, c, func(q *model.Queries, _ *bmdb.Connection) error {
 			if *history {
-				rows, err := q.ProcessControlHistory(ctx, model.ProcessControlHistoryParams{Process: *process, MaxRows: int32(*limit)})
+				rows, err := q.ProcessControlHistory(ctx, model.ProcessControlHistoryParams{Process: *f.process, MaxRows: int32(*f.limit)})
 				if err != nil {
 					return err
 				}
