@@ -31,9 +31,10 @@
 // COMMIT, checks the local deadline and the database clock again (a
 // batch's last claim or Finish statement does it as it runs, when it
 // comes last, after the commit callbacks); Finish, Cancel and Fail also
-// delete their claim only if this session still holds it. A takeover or GC deletes the superseded session's row, and
-// that write orders it against every open transaction of the session, by
-// a mechanism that differs by engine:
+// delete their claim only if this session still holds it. A takeover or
+// GC deletes the superseded session's row, and that write orders it
+// against every open transaction of the session, by a mechanism that
+// differs by engine:
 //
 //   - PostgreSQL: the check locks the row FOR KEY SHARE, so the takeover's
 //     delete waits for the transaction to end (or aborts it).
@@ -85,7 +86,8 @@
 //     its claims over, nor, on PostgreSQL, after the session's deadline on
 //     the database clock: a transaction stopped anywhere between its first
 //     check and its COMMIT, for longer than its lease, fails when it
-//     resumes and none of its writes are visible (TestStalledTransactionCommitsNothingAfterTakeover,
+//     resumes and none of its writes are visible
+//     (TestStalledTransactionCommitsNothingAfterTakeover,
 //     TestPartitionBeforeCommitFencesFinish). The only window is a COMMIT
 //     that reached the server before the deadline and is still being
 //     processed at it. On CockroachDB a transaction stopped after its last
@@ -142,13 +144,13 @@
 // machine's own row is not locked: on CockroachDB an exclusive lock also
 // blocks plain reads). A takeover skips an expired session that another
 // takeover or a GC is superseding (both lock its primary key). A call
-// whose candidates were all taken
-// returns ErrWorkConflict, which tells "others hold or are taking these"
-// from ErrNothingToDo. A pair's claim row is made before its first claim,
-// outside any claim transaction, so that no claim waits for another's
-// insert of it: from the candidates retrievals return, on a goroutine of
-// the batcher's, and, for a claim that finds nothing but pairs without
-// one, on the spot, after which that batch runs again with a new snapshot.
+// whose candidates were all taken returns ErrWorkConflict, which tells
+// "others hold or are taking these" from ErrNothingToDo. A pair's claim
+// row is made before its first claim, outside any claim transaction, so
+// that no claim waits for another's insert of it: from the candidates
+// retrievals return, on a goroutine of the batcher's, and, for a claim
+// that finds nothing but pairs without one, on the spot, after which that
+// batch runs again with a new snapshot.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in
 // one WorkMany, a handler's slot is free again as soon as its work is
