@@ -22,7 +22,7 @@ import (
 
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/internal/chaos"
+	"github.com/bmdb-dev/bmdb/cmd/bmdb-chaos/internal/chaos"
 )
 
 func main() {

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bmdb-dev/bmdb/internal/chaos"
+	"github.com/bmdb-dev/bmdb/cmd/bmdb-chaos/internal/chaos"
 )
 
 // TestMain lets the test binary serve as the harness's worker processes:
