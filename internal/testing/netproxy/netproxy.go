@@ -1,9 +1,12 @@
 package netproxy
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 )
 
@@ -18,12 +21,13 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu     sync.Mutex
-	state  proxyState
-	gate   chan struct{} // closed while the proxy is open
-	links  map[*link]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	onCommit func(serverPort int) (after func()) // armed by OnCommit, one-shot
+	state    proxyState
+	gate     chan struct{} // closed while the proxy is open
+	links    map[*link]struct{}
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 type proxyState int
@@ -112,6 +116,29 @@ func (p *Proxy) Cut(blackhole bool) {
 	}
 }
 
+// OnCommit arms the proxy for the next COMMIT a client sends through it
+// (a simple query or a parse with a COMMIT statement): fn is called
+// with the local port of that link's server side (pg_stat_activity's
+// client_port) before the bytes holding the COMMIT are forwarded, and the
+// function it returns, if not nil, right after. fn may Cut the proxy: a
+// blackhole then holds the COMMIT until Heal, as a network that stalls
+// exactly as a commit is sent. It fires once; a new call replaces an
+// armed fn.
+func (p *Proxy) OnCommit(fn func(serverPort int) (after func())) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onCommit = fn
+}
+
+// commitHook disarms and returns the armed OnCommit function, if any.
+func (p *Proxy) commitHook() func(int) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	fn := p.onCommit
+	p.onCommit = nil
+	return fn
+}
+
 // Heal ends a partition.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
@@ -179,23 +206,35 @@ func (p *Proxy) serve(l *link) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.copy(l, s, l.client) }()
-	go func() { defer wg.Done(); p.copy(l, l.client, s) }()
+	port := s.LocalAddr().(*net.TCPAddr).Port
+	go func() { defer wg.Done(); p.copy(l, s, l.client, &scanner{startup: true}, port) }()
+	go func() { defer wg.Done(); p.copy(l, l.client, s, nil, 0) }()
 	wg.Wait()
 }
 
-// copy forwards src to dst, holding every chunk while blackholed.
-func (p *Proxy) copy(l *link, dst io.Writer, src io.Reader) {
+// copy forwards src to dst, holding every chunk while blackholed. The
+// client's side is scanned (sc) for COMMITs (OnCommit), port being the
+// link's server-side port.
+func (p *Proxy) copy(l *link, dst io.Writer, src io.Reader, sc *scanner, port int) {
 	defer l.close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			var after func()
+			if sc != nil && sc.scan(buf[:n]) {
+				if fn := p.commitHook(); fn != nil {
+					after = fn(port)
+				}
+			}
 			if !p.waitOpen(l) {
 				return
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
+			}
+			if after != nil {
+				after()
 			}
 		}
 		if err != nil {
@@ -221,4 +260,91 @@ func (p *Proxy) waitOpen(l *link) bool {
 	default:
 		return true
 	}
+}
+
+// scanner follows the messages of a client's side of the PostgreSQL
+// protocol, to tell COMMITs: after the untyped start-up packets (an
+// SSLRequest or GSSENCRequest is followed by another), each message is a
+// type byte, a length that counts itself, and a body.
+type scanner struct {
+	startup bool
+	hdr     []byte // the header read so far
+	typ     byte
+	left    int    // body bytes to come
+	head    []byte // the first bytes of a Query or Parse body
+}
+
+// Start-up codes followed by another start-up packet.
+const (
+	sslRequest    = 80877103
+	gssencRequest = 80877104
+)
+
+// scan consumes chunk and reports whether a COMMIT message began in it.
+func (s *scanner) scan(chunk []byte) bool {
+	found := false
+	for len(chunk) > 0 {
+		if s.left == 0 && len(s.hdr) < s.hdrLen() {
+			k := min(s.hdrLen()-len(s.hdr), len(chunk))
+			s.hdr = append(s.hdr, chunk[:k]...)
+			chunk = chunk[k:]
+			if len(s.hdr) < s.hdrLen() {
+				return found
+			}
+			n := int(binary.BigEndian.Uint32(s.hdr[len(s.hdr)-4:])) - 4
+			if s.startup {
+				s.typ = 0
+			} else {
+				s.typ = s.hdr[0]
+			}
+			s.left, s.head = max(n, 0), s.head[:0]
+			if s.left == 0 {
+				s.hdr = s.hdr[:0]
+			}
+			continue
+		}
+		k := min(s.left, len(chunk))
+		if s.typ == 'Q' || s.typ == 'P' || s.typ == 0 {
+			s.head = append(s.head, chunk[:min(k, 64-len(s.head))]...)
+		}
+		chunk, s.left = chunk[k:], s.left-k
+		if s.left == 0 {
+			found = found || s.isCommit()
+			if s.typ == 0 && (len(s.head) < 4 || !slices.Contains([]uint32{sslRequest, gssencRequest}, binary.BigEndian.Uint32(s.head))) {
+				s.startup = false
+			}
+			s.hdr = s.hdr[:0]
+		}
+	}
+	return found
+}
+
+func (s *scanner) hdrLen() int {
+	if s.startup {
+		return 4
+	}
+	return 5
+}
+
+// isCommit reports whether the message just read is a COMMIT.
+func (s *scanner) isCommit() bool {
+	q := s.head
+	switch s.typ {
+	case 'Q':
+	case 'P': // statement name, then the query
+		i := bytes.IndexByte(q, 0)
+		if i < 0 {
+			return false
+		}
+		q = q[i+1:]
+	default:
+		return false
+	}
+	for part := range bytes.SplitSeq(q, []byte(";")) { // "RELEASE SAVEPOINT x; COMMIT" too
+		part = bytes.TrimLeft(part, " \t\n")
+		if len(part) >= 6 && bytes.EqualFold(part[:6], []byte("COMMIT")) {
+			return true
+		}
+	}
+	return false
 }

@@ -2,6 +2,7 @@ package netproxy
 
 import (
 	"bufio"
+	"encoding/binary"
 	"io"
 	"net"
 	"testing"
@@ -85,5 +86,47 @@ func TestProxy(t *testing.T) {
 	defer c3.Close()
 	if err := roundTrip(c3, time.Second); err != nil {
 		t.Fatalf("healed proxy: %v", err)
+	}
+}
+
+// The scanner tells COMMITs in a client's stream, split anywhere.
+func TestScannerFindsCommits(t *testing.T) {
+	msg := func(typ byte, body string) []byte {
+		b := []byte{typ, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(b[1:], uint32(len(body)+4))
+		return append(b, body...)
+	}
+	untyped := func(code uint32, rest string) []byte {
+		b := make([]byte, 8)
+		binary.BigEndian.PutUint32(b, uint32(8+len(rest)))
+		binary.BigEndian.PutUint32(b[4:], code)
+		return append(b, rest...)
+	}
+	start := append(untyped(sslRequest, ""), untyped(196608, "user\x00chaos\x00\x00")...)
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		want   int
+	}{
+		{"none", append(append([]byte{}, start...), msg('Q', "SELECT 1\x00")...), 0},
+		{"simple", append(append([]byte{}, start...), msg('Q', "COMMIT\x00")...), 1},
+		{"cockroach", append(append([]byte{}, start...), msg('Q', "RELEASE SAVEPOINT cockroach_restart; COMMIT\x00")...), 1},
+		{"parse", append(append(append([]byte{}, start...), msg('P', "\x00commit\x00\x00\x00")...), msg('S', "")...), 1},
+		{"two", append(append(append([]byte{}, start...), msg('Q', "COMMIT\x00")...), msg('Q', "COMMIT\x00")...), 2},
+	} {
+		for split := 1; split <= len(tc.stream); split++ {
+			sc, got := &scanner{startup: true}, 0
+			for i := 0; i < len(tc.stream); i += split {
+				if sc.scan(tc.stream[i:min(i+split, len(tc.stream))]) {
+					got++
+				}
+			}
+			if split > 1 { // a chunk reports the COMMITs it ends as one
+				got, tc.want = min(got, 1), min(tc.want, 1)
+			}
+			if got != tc.want {
+				t.Errorf("%s, chunks of %d: %d COMMITs, want %d", tc.name, split, got, tc.want)
+			}
+		}
 	}
 }

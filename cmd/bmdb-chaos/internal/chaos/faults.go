@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"syscall"
 	"time"
@@ -26,10 +27,31 @@ const (
 	// FaultStall stops a worker (SIGSTOP) for longer than the session
 	// interval, then lets it go on (SIGCONT) and try to Finish.
 	FaultStall FaultKind = "stall"
+	// FaultLockTable holds LOCK TABLE work (ACCESS EXCLUSIVE) in an
+	// operator's transaction for longer than the session interval, as a
+	// careless migration would: claims and ends wait (lock_timeout) and
+	// retry, heartbeats go on.
+	FaultLockTable FaultKind = "lock-table"
+	// FaultMaxConnections makes the server refuse a worker's new
+	// connections with too_many_connections (53300), as when
+	// max_connections is reached: the workers' role's CONNECTION LIMIT
+	// is lowered to the connections it has, for longer than the interval.
+	FaultMaxConnections FaultKind = "max-connections"
+	// FaultCommitKill terminates a worker's backend exactly as its COMMIT
+	// is in flight (its proxy spots the COMMIT): before the server read
+	// it, or racing it. The worker cannot tell whether it committed.
+	FaultCommitKill FaultKind = "commit-kill"
+	// FaultCommitStall blackholes a worker's network exactly as a COMMIT
+	// is sent, and delivers it (and what follows) once every session of
+	// the worker has passed its deadline: the server must not commit it
+	// (the last check before COMMIT lowered the idle timeout to the lease
+	// left).
+	FaultCommitStall FaultKind = "commit-stall"
 )
 
 // FaultKinds lists every kind, in a fixed order.
-var FaultKinds = []FaultKind{FaultKill, FaultPGRestart, FaultTerminate, FaultPartition, FaultStall}
+var FaultKinds = []FaultKind{FaultKill, FaultPGRestart, FaultTerminate, FaultPartition, FaultStall,
+	FaultLockTable, FaultMaxConnections, FaultCommitKill, FaultCommitStall}
 
 // Log markers the harness writes into a worker's log around faults.
 const (
@@ -52,7 +74,7 @@ type Fault struct {
 func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 	f := Fault{Kind: kind, Worker: -1}
 	var w *proc
-	if kind != FaultPGRestart {
+	if kind != FaultPGRestart && kind != FaultLockTable && kind != FaultMaxConnections {
 		w = h.fleet.procs[h.rng.IntN(len(h.fleet.procs))]
 		f.Worker = w.cfg.ID
 	}
@@ -124,6 +146,18 @@ func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 			return err
 		}
 		f.Detail = fmt.Sprintf("stopped for %v", long.Round(time.Millisecond))
+	case FaultLockTable:
+		if f.Detail, err = h.lockTable(ctx, long); err != nil {
+			return err
+		}
+	case FaultMaxConnections:
+		if f.Detail, err = h.refuseConnections(ctx, long); err != nil {
+			return err
+		}
+	case FaultCommitKill, FaultCommitStall:
+		if f.Detail, err = h.atCommit(ctx, w, kind); err != nil {
+			return err
+		}
 	}
 	f.Took = time.Since(start)
 	if err := h.faultEnd(ctx, id, f.Detail); err != nil {
@@ -138,9 +172,10 @@ func (h *harness) inject(ctx context.Context, kind FaultKind) error {
 // schedule returns the CI mode's faults: every kind once, then random
 // kinds up to n, in a seeded random order.
 func (h *harness) schedule(n int) []FaultKind {
-	kinds := append([]FaultKind(nil), FaultKinds...)
+	all := h.cfg.kinds()
+	kinds := append([]FaultKind(nil), all...)
 	for len(kinds) < n {
-		kinds = append(kinds, FaultKinds[h.rng.IntN(len(FaultKinds))])
+		kinds = append(kinds, all[h.rng.IntN(len(all))])
 	}
 	h.rng.Shuffle(len(kinds), func(i, j int) { kinds[i], kinds[j] = kinds[j], kinds[i] })
 	return kinds
@@ -184,4 +219,145 @@ func (h *harness) retry(ctx context.Context, fn func(ctx context.Context) error)
 			return err
 		}
 	}
+}
+
+// lockTable holds LOCK TABLE work for d in a transaction of its own.
+func (h *harness) lockTable(ctx context.Context, d time.Duration) (string, error) {
+	lctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	var waited time.Duration
+	err := h.retry(lctx, func(ctx context.Context) error {
+		tx, err := h.db.BeginTx(lctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		start := time.Now()
+		if _, err := tx.ExecContext(ctx, `LOCK TABLE work IN ACCESS EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		waited = time.Since(start)
+		if err := wait.Sleep(lctx, d); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	if err != nil {
+		return "", fmt.Errorf("chaos: locking the work table: %w", err)
+	}
+	return fmt.Sprintf("held %v (acquired in %v)", d.Round(time.Millisecond), waited.Round(time.Millisecond)), nil
+}
+
+// refuseConnections lowers the workers' role's connection limit to the
+// connections it has for d, then lifts it.
+func (h *harness) refuseConnections(ctx context.Context, d time.Duration) (string, error) {
+	var n int
+	err := h.retry(ctx, func(ctx context.Context) error {
+		return h.db.QueryRowContext(ctx, `SELECT count(*) FROM pg_stat_activity WHERE usename = $1`, workerRole).Scan(&n)
+	})
+	if err == nil {
+		err = h.retry(ctx, func(ctx context.Context) error {
+			_, err := h.db.ExecContext(ctx, fmt.Sprintf(`ALTER ROLE %s CONNECTION LIMIT %d`, workerRole, n))
+			return err
+		})
+	}
+	if err != nil {
+		return "", fmt.Errorf("chaos: limiting connections: %w", err)
+	}
+	serr := wait.Sleep(ctx, d)
+	err = h.retry(context.WithoutCancel(ctx), func(ctx context.Context) error {
+		_, err := h.db.ExecContext(ctx, fmt.Sprintf(`ALTER ROLE %s CONNECTION LIMIT -1`, workerRole))
+		return err
+	})
+	if err = errors.Join(serr, err); err != nil {
+		return "", fmt.Errorf("chaos: lifting the connection limit: %w", err)
+	}
+	return fmt.Sprintf("at %d connections for %v", n, d.Round(time.Millisecond)), nil
+}
+
+// commitWait bounds how long a commit fault waits for the worker's next
+// COMMIT.
+const commitWait = 10 * time.Second
+
+// atCommit arms w's proxy for its next COMMIT and injects kind there:
+// FaultCommitKill terminates the backend (at random before the COMMIT is
+// forwarded, or right after, racing it); FaultCommitStall blackholes the
+// proxy, holding the COMMIT, until every session of the worker has passed
+// its deadline (stallPast: the blackhole keeps their heartbeats from the
+// server), then delivers it.
+func (h *harness) atCommit(ctx context.Context, w *proc, kind FaultKind) (string, error) {
+	type hit struct {
+		port  int
+		after bool
+	}
+	fired := make(chan hit, 1)
+	after := h.rng.IntN(2) == 0
+	w.proxy.OnCommit(func(port int) func() {
+		if kind == FaultCommitStall {
+			w.mark("%s (at a COMMIT)", markCut)
+			w.proxy.Cut(true)
+			fired <- hit{port: port}
+			return nil
+		}
+		kill := func() { h.terminatePort(port) }
+		fired <- hit{port: port, after: after}
+		if after {
+			return kill
+		}
+		kill()
+		return nil
+	})
+	var got hit
+	select {
+	case got = <-fired:
+	case <-time.After(commitWait):
+		w.proxy.OnCommit(nil)
+		return "no COMMIT seen", nil
+	case <-ctx.Done():
+		w.proxy.OnCommit(nil)
+		return "", ctx.Err()
+	}
+	if kind == FaultCommitKill {
+		w.mark("pg_terminate_backend at COMMIT")
+		if got.after {
+			return "backend killed as its COMMIT was forwarded", nil
+		}
+		return "backend killed before its COMMIT arrived", nil
+	}
+	stall, err := h.stallPast(ctx, w)
+	if err == nil {
+		err = wait.Sleep(ctx, stall)
+	}
+	w.proxy.Heal()
+	w.mark(markHeal)
+	h.partitionModes["commit"]++
+	return fmt.Sprintf("COMMIT held for %v", stall.Round(time.Millisecond)), err
+}
+
+// stallPast returns how long to hold w's network so that every session of
+// w passes its deadline first: the longest lease they have left, and a
+// margin. Below the session interval, which is the connections' idle
+// timeout before the last check lowers it, the hold tells whether that
+// check ran (TestPlantedBugs).
+func (h *harness) stallPast(ctx context.Context, w *proc) (time.Duration, error) {
+	var lease float64
+	err := h.retry(ctx, func(ctx context.Context) error {
+		return h.db.QueryRowContext(ctx, `SELECT COALESCE(max(EXTRACT(EPOCH FROM deadline - clock_timestamp())), 0)::FLOAT8
+			FROM sessions WHERE component_name = $1`, w.appName).Scan(&lease)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("chaos: reading leases: %w", err)
+	}
+	return max(time.Duration(lease*float64(time.Second)), 0) + commitStallMargin, nil
+}
+
+// commitStallMargin is how long after the last deadline of its worker's
+// sessions a held COMMIT is delivered.
+const commitStallMargin = 150 * time.Millisecond
+
+// terminatePort terminates the backend whose client port is port.
+func (h *harness) terminatePort(port int) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, _ = h.db.ExecContext(ctx, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE client_port = $1`, port)
 }
