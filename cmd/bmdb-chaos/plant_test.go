@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/bmdb-dev/bmdb/cmd/bmdb-chaos/internal/chaos"
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 )
 
 // Planted bugs: the checker must catch each. A plant rewrites some of
@@ -101,42 +102,29 @@ func (c *plantConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &plantConn{pqConn: raw.(pqConn), p: c.p}, nil
-}
-
-// pqConn is what bmdb's driver wrapper uses of a lib/pq connection.
-type pqConn interface {
-	driver.Conn
-	driver.ConnBeginTx
-	driver.ConnPrepareContext
-	driver.ExecerContext
-	driver.QueryerContext
-	driver.Pinger
-	driver.SessionResetter
-	driver.Validator
-	driver.NamedValueChecker
+	return &plantConn{PQConn: raw.(dbconn.PQConn), p: c.p}, nil
 }
 
 // plantConn forwards every call, with the statements rewritten.
 type plantConn struct {
-	pqConn
+	dbconn.PQConn
 	p plant
 }
 
 func (c *plantConn) Prepare(query string) (driver.Stmt, error) {
-	return c.pqConn.Prepare(c.p.rewrite(query))
+	return c.PQConn.Prepare(c.p.rewrite(query))
 }
 
 func (c *plantConn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	return c.pqConn.PrepareContext(ctx, c.p.rewrite(query))
+	return c.PQConn.PrepareContext(ctx, c.p.rewrite(query))
 }
 
 func (c *plantConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return c.pqConn.ExecContext(ctx, c.p.rewrite(query), args)
+	return c.PQConn.ExecContext(ctx, c.p.rewrite(query), args)
 }
 
 func (c *plantConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.pqConn.QueryContext(ctx, c.p.rewrite(query), args)
+	return c.PQConn.QueryContext(ctx, c.p.rewrite(query), args)
 }
 
 // plantConfig is a short run of the harness for a plant: 4 workers with a
