@@ -1,24 +1,22 @@
-// Package chaos is bmdb's fault-injection harness (cmd/bmdb-chaos runs it).
+// Package chaos is bmdb's fault-injection harness (cmd/bmdb-chaos runs it;
+// its README describes the faults and the checks).
 //
 // It starts a throwaway PostgreSQL cluster, seeds machines, and runs a fleet
 // of workers as separate OS processes (the harness binary re-executed in
-// worker mode), each a worker.Loop whose Finish commits one effect row per
-// item. Every worker reaches the database through its own TCP proxy on
-// 127.0.0.1. While the fleet works, the harness injects faults at seeded
-// random times: SIGKILL and restart of a worker, a PostgreSQL restart (fast
-// shutdown), pg_terminate_backend of a worker's connections, a partition
-// of one worker (its proxy resets or blackholes its connections) for longer
-// than the session interval, and a stall (SIGSTOP for longer than the
-// interval, then SIGCONT).
+// worker mode), each with Connections claim loops that claim machines,
+// work on them and end each claim with Finish (which commits one effect
+// row), Fail or Cancel, recording every operation in a history
+// (history.go). Every worker reaches the database through its own TCP
+// proxy on 127.0.0.1. While the fleet works, the harness injects faults at
+// seeded random times (faults.go).
 //
-// Afterwards it checks the database and the workers' logs: every item has
-// exactly one effect; every effect was committed under a claim its session
-// held, by a transaction that began before the session's deadline and
-// committed before it; no two claims of one (machine, process) overlapped
-// in work_history, and none was taken over before its session's deadline;
-// every abandoned claim was released within interval + GC period of its
-// session's deadline; no item is left stuck; a stalled worker reports its
-// claims lost after waking. It prints the figures and the violations.
+// Afterwards it checks each item's history, the workers' operations joined
+// with the database's work_history, against a model of claims with
+// porcupine (model.go), and the database and the workers' logs against
+// plain rules (checker.go): every item has exactly one effect, committed
+// by its claim's Finish before its session's deadline; nothing a session
+// wrote committed after its deadline; abandoned claims were released in
+// time; no item is left stuck. It prints the figures and the violations.
 package chaos
 
 import (

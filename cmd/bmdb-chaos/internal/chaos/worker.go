@@ -318,12 +318,12 @@ func outcome(err error) (out, msg string) {
 	switch {
 	case err == nil:
 		return outOK, ""
+	case errors.Is(err, bmdb.ErrAmbiguousCommit): // first: a COMMIT cut by the session's end says both
+		out = outAmbiguous
 	case errors.Is(err, bmdb.ErrWorkLost):
 		out = outLost
 	case errors.Is(err, bmdb.ErrSessionExpired) || errors.Is(err, bmdb.ErrSessionClosed):
 		out = outExpired
-	case errors.Is(err, bmdb.ErrAmbiguousCommit):
-		out = outAmbiguous
 	default:
 		out = outError
 	}
