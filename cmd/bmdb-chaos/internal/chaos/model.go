@@ -210,13 +210,15 @@ func machineHistories(ops []*op, events []dbEvent, offset int64) map[uuid.UUID][
 // with one Finish or one Fail, and Cancels until one settles it),
 // preferring one the client saw succeed, then one whose outcome it does
 // not know, then the one whose interval holds e's commit, then the last.
-// One the client saw fail is chosen only if it is the only one left: the
-// model then finds the contradiction.
+// Only the claim's own Finish or Fail writes a Finished or Failed row, so
+// one the client saw fail is chosen if it is the only one left, and the
+// model finds the contradiction; a Canceled row may also be the closing
+// session's (Session.Close), so a Cancel the client saw fail is not it.
 func clientEnd(cs []*op, e *dbEvent, mono func(time.Time) int64) *op {
 	kind := map[string]string{"Finished": opFinish, "Failed": opFail, "Canceled": opCancel}[e.event]
 	var match []*op
 	for _, o := range cs {
-		if o.Kind == kind {
+		if o.Kind == kind && (kind != opCancel || (o.Out != outLost && o.Out != outExpired)) {
 			match = append(match, o)
 		}
 	}

@@ -87,6 +87,15 @@ func TestMachineHistories(t *testing.T) {
 		{id: 3, machine: m, session: s, claim: c2, event: "Started", token: 2, at: t0.Add(2 * time.Second), commit: t0.Add(2 * time.Second)},
 		{id: 4, machine: m, session: s, claim: c2, event: "Abandoned", at: t0.Add(3 * time.Second), commit: t0.Add(3 * time.Second)},
 	}
+	// A Cancel the client saw refused by its session's local end: the
+	// Canceled row is the closing session's.
+	c3 := uuid.New()
+	ops = append(ops,
+		&op{record: record{ID: "1.3", Kind: opClaim, Call: 5e9, Return: 5e9 + 1, Out: outOK, Claims: []claimed{{Machine: m, Claim: c3, Token: 3}}}},
+		&op{record: record{ID: "1.4", Kind: opCancel, Machine: m, Claim: c3, Call: 6e9, Return: 6e9, Out: outExpired}})
+	events = append(events,
+		dbEvent{id: 5, machine: m, session: s, claim: c3, event: "Started", token: 3, at: t0.Add(5 * time.Second), commit: t0.Add(5 * time.Second)},
+		dbEvent{id: 6, machine: m, session: s, claim: c3, event: "Canceled", at: t0.Add(7 * time.Second), commit: t0.Add(7 * time.Second)})
 	h := machineHistories(ops, events, t0.UnixNano())[m]
 	var got []string
 	for _, o := range withClients(h) {
@@ -97,6 +106,9 @@ func TestMachineHistories(t *testing.T) {
 		"finish " + short(c1) + " -> unknown, in work_history",
 		"db-claim " + short(c2) + " -> token 2",
 		"db-end " + short(c2) + " (Abandoned)",
+		"claim " + short(c3) + " -> token 3",
+		"cancel " + short(c3) + " -> expired, not in work_history",
+		"db-end " + short(c3) + " (Canceled)",
 	}
 	if strings.Join(got, "; ") != strings.Join(want, "; ") {
 		t.Errorf("history %q, want %q", got, want)
