@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -89,7 +90,8 @@ func TestProxy(t *testing.T) {
 	}
 }
 
-// The scanner tells COMMITs in a client's stream, split anywhere.
+// The scanner tells COMMITs in a client's stream, split anywhere, and what
+// their transactions ran, prepared statements included.
 func TestScannerFindsCommits(t *testing.T) {
 	msg := func(typ byte, body string) []byte {
 		b := []byte{typ, 0, 0, 0, 0}
@@ -102,30 +104,34 @@ func TestScannerFindsCommits(t *testing.T) {
 		binary.BigEndian.PutUint32(b[4:], code)
 		return append(b, rest...)
 	}
-	start := append(untyped(sslRequest, ""), untyped(196608, "user\x00chaos\x00\x00")...)
+	stream := func(msgs ...[]byte) []byte {
+		b := append(untyped(sslRequest, ""), untyped(196608, "user\x00chaos\x00\x00")...)
+		for _, m := range msgs {
+			b = append(b, m...)
+		}
+		return b
+	}
+	insert := append(append(msg('P', "s1\x00INSERT INTO effect VALUES ($1)\x00\x00\x00"), msg('S', "")...), msg('B', "\x00s1\x00\x00\x00")...)
 	for _, tc := range []struct {
 		name   string
 		stream []byte
-		want   int
+		want   string // what the last COMMIT's transaction ran; "-": no COMMIT
 	}{
-		{"none", append(append([]byte{}, start...), msg('Q', "SELECT 1\x00")...), 0},
-		{"simple", append(append([]byte{}, start...), msg('Q', "COMMIT\x00")...), 1},
-		{"cockroach", append(append([]byte{}, start...), msg('Q', "RELEASE SAVEPOINT cockroach_restart; COMMIT\x00")...), 1},
-		{"parse", append(append(append([]byte{}, start...), msg('P', "\x00commit\x00\x00\x00")...), msg('S', "")...), 1},
-		{"two", append(append(append([]byte{}, start...), msg('Q', "COMMIT\x00")...), msg('Q', "COMMIT\x00")...), 2},
+		{"none", stream(msg('Q', "SELECT 1\x00")), "-"},
+		{"simple", stream(msg('Q', "BEGIN\x00"), msg('Q', "SELECT 1\x00"), msg('Q', "COMMIT\x00")), "SELECT 1"},
+		{"cockroach", stream(msg('Q', "BEGIN\x00"), msg('Q', "RELEASE SAVEPOINT cockroach_restart; COMMIT\x00")), ""},
+		{"prepared", stream(msg('Q', "BEGIN\x00"), insert, msg('Q', "COMMIT\x00")), "INSERT INTO effect VALUES ($1)"},
 	} {
 		for split := 1; split <= len(tc.stream); split++ {
-			sc, got := &scanner{startup: true}, 0
+			sc := &scanner{startup: true, prepared: map[string]string{}}
+			got := "-"
 			for i := 0; i < len(tc.stream); i += split {
-				if sc.scan(tc.stream[i:min(i+split, len(tc.stream))]) {
-					got++
+				if ran, ok := sc.scan(tc.stream[i:min(i+split, len(tc.stream))]); ok {
+					got = strings.Join(ran, "; ")
 				}
 			}
-			if split > 1 { // a chunk reports the COMMITs it ends as one
-				got, tc.want = min(got, 1), min(tc.want, 1)
-			}
 			if got != tc.want {
-				t.Errorf("%s, chunks of %d: %d COMMITs, want %d", tc.name, split, got, tc.want)
+				t.Errorf("%s, chunks of %d: %q, want %q", tc.name, split, got, tc.want)
 			}
 		}
 	}

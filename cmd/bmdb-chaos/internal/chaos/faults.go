@@ -41,8 +41,8 @@ const (
 	// is in flight (its proxy spots the COMMIT): before the server read
 	// it, or racing it. The worker cannot tell whether it committed.
 	FaultCommitKill FaultKind = "commit-kill"
-	// FaultCommitStall blackholes a worker's network exactly as a COMMIT
-	// is sent, and delivers it (and what follows) once every session of
+	// FaultCommitStall blackholes a worker's network exactly as the
+	// COMMIT of a Finish (one that wrote an effect) is sent, and delivers it (and what follows) once every session of
 	// the worker has passed its deadline: the server must not commit it
 	// (the last check before COMMIT lowered the idle timeout to the lease
 	// left).
@@ -281,10 +281,10 @@ const commitWait = 10 * time.Second
 
 // atCommit arms w's proxy for its next COMMIT and injects kind there:
 // FaultCommitKill terminates the backend (at random before the COMMIT is
-// forwarded, or right after, racing it); FaultCommitStall blackholes the
-// proxy, holding the COMMIT, until every session of the worker has passed
-// its deadline (stallPast: the blackhole keeps their heartbeats from the
-// server), then delivers it.
+// forwarded, or right after, racing it); FaultCommitStall waits for a
+// Finish's COMMIT and blackholes the proxy, holding the COMMIT, until
+// every session of the worker has passed its deadline (stallPast: the
+// blackhole keeps their heartbeats from the server), then delivers it.
 func (h *harness) atCommit(ctx context.Context, w *proc, kind FaultKind) (string, error) {
 	type hit struct {
 		port  int
@@ -292,7 +292,11 @@ func (h *harness) atCommit(ctx context.Context, w *proc, kind FaultKind) (string
 	}
 	fired := make(chan hit, 1)
 	after := h.rng.IntN(2) == 0
-	w.proxy.OnCommit(func(port int) func() {
+	marker := "" // any COMMIT
+	if kind == FaultCommitStall {
+		marker = "chaos_effect" // a Finish's, which commits an effect
+	}
+	w.proxy.OnCommit(marker, func(port int) func() {
 		if kind == FaultCommitStall {
 			w.mark("%s (at a COMMIT)", markCut)
 			w.proxy.Cut(true)
@@ -311,10 +315,10 @@ func (h *harness) atCommit(ctx context.Context, w *proc, kind FaultKind) (string
 	select {
 	case got = <-fired:
 	case <-time.After(commitWait):
-		w.proxy.OnCommit(nil)
+		w.proxy.OnCommit("", nil)
 		return "no COMMIT seen", nil
 	case <-ctx.Done():
-		w.proxy.OnCommit(nil)
+		w.proxy.OnCommit("", nil)
 		return "", ctx.Err()
 	}
 	if kind == FaultCommitKill {
