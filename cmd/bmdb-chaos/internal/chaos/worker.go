@@ -170,6 +170,9 @@ func (l *loop) run(ctx context.Context, wrap func(driver.Connector) driver.Conne
 			defer close(ended)
 			<-sess.Done()
 			l.rec.sessionEnded(sess.ID(), sess.Err())
+			if err := sess.Err(); !errors.Is(err, bmdb.ErrSessionClosed) {
+				klog.Warningf("chaos: session %s ended: %v", sess.ID(), err) // checkLog looks for it after a stall
+			}
 		}()
 		l.session(ctx, sess)
 		closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*l.c.Interval)
