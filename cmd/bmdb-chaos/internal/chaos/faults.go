@@ -257,7 +257,7 @@ func (h *harness) refuseConnections(ctx context.Context, d time.Duration) (strin
 	})
 	if err == nil {
 		err = h.retry(ctx, func(ctx context.Context) error {
-			_, err := h.db.ExecContext(ctx, fmt.Sprintf(`ALTER ROLE %s CONNECTION LIMIT %d`, workerRole, n))
+			_, err := h.db.ExecContext(ctx, limitWorkersSQL, n)
 			return err
 		})
 	}
@@ -266,7 +266,7 @@ func (h *harness) refuseConnections(ctx context.Context, d time.Duration) (strin
 	}
 	serr := wait.Sleep(ctx, d)
 	err = h.retry(context.WithoutCancel(ctx), func(ctx context.Context) error {
-		_, err := h.db.ExecContext(ctx, fmt.Sprintf(`ALTER ROLE %s CONNECTION LIMIT -1`, workerRole))
+		_, err := h.db.ExecContext(ctx, limitWorkersSQL, -1)
 		return err
 	})
 	if err = errors.Join(serr, err); err != nil {

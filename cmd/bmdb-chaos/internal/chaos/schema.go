@@ -68,7 +68,16 @@ CREATE ROLE chaos_worker LOGIN;
 GRANT ALL ON ALL TABLES IN SCHEMA public TO chaos_worker;
 GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO chaos_worker;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO chaos_worker;
-GRANT CREATE ON SCHEMA public TO chaos_worker`
+GRANT CREATE ON SCHEMA public TO chaos_worker;
+CREATE FUNCTION chaos_limit_workers(n INT) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER ROLE chaos_worker CONNECTION LIMIT %s', n);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION chaos_limit_workers(INT) FROM PUBLIC, chaos_worker`
+
+// limitWorkersSQL sets workerRole's connection limit to $1 (-1: none).
+const limitWorkersSQL = `SELECT chaos_limit_workers($1)`
 
 // Queries of the workers.
 const (
