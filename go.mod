@@ -3,6 +3,7 @@ module github.com/bmdb-dev/bmdb
 go 1.26.8
 
 require (
+	github.com/anishathalye/porcupine v1.3.1
 	github.com/chromedp/chromedp v0.14.2
 	github.com/cockroachdb/cockroach-go/v2 v2.4.2
 	github.com/golang-migrate/migrate/v4 v4.20.1

@@ -1,11 +1,15 @@
 // Command bmdb-chaos is bmdb's fault-injection harness (see package chaos):
 // it runs a fleet of worker processes against a throwaway PostgreSQL
-// cluster, kills, stalls, partitions and disconnects them and restarts the
-// database, then checks that every item was processed exactly once and no
-// claim was violated.
+// cluster, kills, stalls, partitions and disconnects them, restarts and
+// locks the database, refuses their connections and kills or stalls their
+// COMMITs, then checks the workers' recorded histories and the database's
+// against a model of claims (porcupine) and plain rules: every item
+// processed exactly once, no claim violated. With BMDB_TEST_COCKROACH set
+// (package crdbmode) its workers run in cockroach mode.
 //
-//	bmdb-chaos                      # CI mode: 11 faults, a few hundred items, seed 1
+//	bmdb-chaos                      # CI mode: 12 faults, a few hundred items, seed 1
 //	bmdb-chaos --seed 7 --soak 30m  # soak mode: random faults for 30 minutes
+//	bmdb-chaos --workers 8 --serializable --soak 10m
 //
 // It exits 1 on any violation. bmdb-chaos worker ... is its worker mode,
 // which the harness starts itself.
@@ -13,21 +17,24 @@ package main
 
 import (
 	"context"
+	"database/sql/driver"
 	"flag"
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/internal/chaos"
+	"github.com/bmdb-dev/bmdb/cmd/bmdb-chaos/internal/chaos"
 )
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
-		os.Exit(workerMain(os.Args[2:]))
+		os.Exit(workerMain(os.Args[2:], nil))
 	}
 	os.Exit(harnessMain(os.Args[1:]))
 }
@@ -39,6 +46,17 @@ func harnessMain(args []string) int {
 	fs.Uint64Var(&cfg.Seed, "seed", cfg.Seed, "seed of the fault schedule and timings")
 	fs.DurationVar(&cfg.Soak, "soak", 0, "soak mode: inject random faults for this long (0: CI mode)")
 	fs.IntVar(&cfg.Faults, "faults", cfg.Faults, "CI mode: number of faults (at least one of each kind)")
+	fs.BoolVar(&cfg.Serializable, "serializable", false, "run the workers' batches SERIALIZABLE (bmdb.Config.SerializableBatches) instead of at snapshot isolation")
+	fs.Func("kinds", "comma-separated fault kinds to inject (default: all)", func(v string) error {
+		cfg.Kinds = nil
+		for k := range strings.SplitSeq(v, ",") {
+			if !slices.Contains(chaos.FaultKinds, chaos.FaultKind(k)) {
+				return fmt.Errorf("unknown fault kind %q (want one of %v)", k, chaos.FaultKinds)
+			}
+			cfg.Kinds = append(cfg.Kinds, chaos.FaultKind(k))
+		}
+		return nil
+	})
 	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "worker processes")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "handlers per loop")
 	fs.IntVar(&cfg.Connections, "connections", cfg.Connections, "bmdb Connections per worker process, each with a loop of its own")
@@ -94,8 +112,9 @@ func harnessMain(args []string) int {
 }
 
 // workerMain runs one worker process until SIGTERM, or until its parent
-// (the harness) is gone.
-func workerMain(args []string) int {
+// (the harness) is gone; wrap, if not nil, wraps its connectors (the
+// tests' planted bugs, WorkerConfig.Wrap).
+func workerMain(args []string, wrap func(driver.Connector) driver.Connector) int {
 	klogFlags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(klogFlags)
 	_ = klogFlags.Set("v", "1")
@@ -104,6 +123,7 @@ func workerMain(args []string) int {
 		fmt.Fprintln(os.Stderr, "bmdb-chaos worker:", err)
 		return 2
 	}
+	cfg.Wrap = wrap
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithCancel(ctx)

@@ -136,7 +136,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err != nil {
 		return nil, ContextError(ctx, cut(slot.conn, err))
 	}
-	pc, ok := raw.(pqConn)
+	pc, ok := raw.(PQConn)
 	if !ok {
 		raw.Close()
 		return nil, errors.New("bmdb: the wrapped connector's connections are not lib/pq's")
@@ -163,7 +163,7 @@ const (
 )
 
 // apply sets c's settings on a new connection.
-func (c *Connector) apply(ctx context.Context, pc pqConn) error {
+func (c *Connector) apply(ctx context.Context, pc PQConn) error {
 	s := c.settings
 	if s.LockTimeout > 0 || s.IdleInTransaction > 0 {
 		args := []driver.NamedValue{
@@ -334,8 +334,9 @@ func cut(nc *netConn, err error) error {
 	return err
 }
 
-// pqConn is what bmdb uses of lib/pq's connection.
-type pqConn interface {
+// PQConn is what bmdb uses of lib/pq's connection: the connections of a
+// connector that bmdb.Config.WrapConnector returns must implement it.
+type PQConn interface {
 	driver.Conn
 	driver.ConnBeginTx
 	driver.ConnPrepareContext
@@ -350,7 +351,7 @@ type pqConn interface {
 // conn wraps lib/pq's connection: each call is bounded by its context
 // through nc.
 type conn struct {
-	pq     pqConn
+	pq     PQConn
 	nc     *netConn
 	unbase func() bool // stops the pool's base watch; nil if none
 	cache  *stmtCache  // nil: statements with parameters are not kept prepared

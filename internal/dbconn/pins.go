@@ -69,7 +69,7 @@ type pinState struct {
 // and the server is CockroachDB. The first connection reads each setting
 // before pinning it, learns which the server has, and logs what it pinned;
 // later ones pin them in one round trip.
-func (c *Connector) pin(ctx context.Context, pc pqConn) error {
+func (c *Connector) pin(ctx context.Context, pc PQConn) error {
 	if !c.settings.PinCockroach {
 		return nil
 	}
@@ -120,7 +120,7 @@ func (c *Connector) pin(ctx context.Context, pc pqConn) error {
 }
 
 // pinAll sets every pin the server has, in one round trip.
-func pinAll(pc pqConn, pins []pin) error {
+func pinAll(pc PQConn, pins []pin) error {
 	if len(pins) == 2 {
 		_, err := querySetting(pc, pinTwoSettingsSQL, pins[0].name, pins[0].value, pins[1].name, pins[1].value)
 		if err != nil {
@@ -137,7 +137,7 @@ func pinAll(pc pqConn, pins []pin) error {
 }
 
 // serverIsCockroach asks the server once per Connector.
-func (c *Connector) serverIsCockroach(_ context.Context, pc pqConn) (bool, error) {
+func (c *Connector) serverIsCockroach(_ context.Context, pc PQConn) (bool, error) {
 	switch c.pins.engine.Load() {
 	case enginePostgres:
 		return false, nil
@@ -157,7 +157,7 @@ func (c *Connector) serverIsCockroach(_ context.Context, pc pqConn) (bool, error
 }
 
 // querySetting runs query, which returns one text value, on pc.
-func querySetting(pc pqConn, query string, args ...string) (string, error) {
+func querySetting(pc PQConn, query string, args ...string) (string, error) {
 	named := make([]driver.NamedValue, len(args))
 	for i, a := range args {
 		named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}

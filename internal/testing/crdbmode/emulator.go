@@ -17,6 +17,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/lib/pq"
 	"github.com/lib/pq/pqerror"
+
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 )
 
 // Emulator stands in for CockroachDB in front of a PostgreSQL server: a
@@ -135,17 +137,7 @@ func (e *Emulator) roll(p float64) bool {
 }
 
 // pqConn is what bmdb's driver wrapper uses of a lib/pq connection.
-type pqConn interface {
-	driver.Conn
-	driver.ConnBeginTx
-	driver.ConnPrepareContext
-	driver.ExecerContext
-	driver.QueryerContext
-	driver.Pinger
-	driver.SessionResetter
-	driver.Validator
-	driver.NamedValueChecker
-}
+type pqConn = dbconn.PQConn
 
 type connector struct {
 	e     *Emulator

@@ -1,10 +1,14 @@
 package netproxy
 
 import (
+	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"net/url"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -20,12 +24,14 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu     sync.Mutex
-	state  proxyState
-	gate   chan struct{} // closed while the proxy is open
-	links  map[*link]struct{}
-	closed bool
-	wg     sync.WaitGroup
+	mu       sync.Mutex
+	onCommit func(serverPort int) (after func()) // armed by OnCommit, one-shot
+	marker   string                              // of the armed OnCommit
+	state    proxyState
+	gate     chan struct{} // closed while the proxy is open
+	links    map[*link]struct{}
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 type proxyState int
@@ -132,6 +138,34 @@ func (p *Proxy) Cut(blackhole bool) {
 	}
 }
 
+// OnCommit arms the proxy for the next COMMIT a client sends through it
+// (a simple query with a COMMIT statement) of a transaction that ran a
+// statement containing marker in its first bytes ("": any): fn is called
+// with the local port of that link's server side (pg_stat_activity's
+// client_port) before the bytes holding the COMMIT are forwarded, and the
+// function it returns, if not nil, right after. fn may Cut the proxy: a
+// blackhole then holds the COMMIT until Heal, as a network that stalls
+// exactly as a commit is sent. It fires once; a new call replaces an
+// armed fn, and a nil fn disarms.
+func (p *Proxy) OnCommit(marker string, fn func(serverPort int) (after func())) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.onCommit, p.marker = fn, marker
+}
+
+// commitHook disarms and returns the armed OnCommit function, if the
+// transaction that ran statements ran is the one it waits for.
+func (p *Proxy) commitHook(ran []string) func(int) func() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.onCommit == nil || (p.marker != "" && !slices.ContainsFunc(ran, func(q string) bool { return strings.Contains(q, p.marker) })) {
+		return nil
+	}
+	fn := p.onCommit
+	p.onCommit = nil
+	return fn
+}
+
 // Heal ends a partition.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
@@ -199,23 +233,38 @@ func (p *Proxy) serve(l *link) {
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); p.copy(l, s, l.client) }()
-	go func() { defer wg.Done(); p.copy(l, l.client, s) }()
+	port := s.LocalAddr().(*net.TCPAddr).Port
+	go func() {
+		defer wg.Done()
+		p.copy(l, s, l.client, &scanner{startup: true, prepared: map[string]string{}}, port)
+	}()
+	go func() { defer wg.Done(); p.copy(l, l.client, s, nil, 0) }()
 	wg.Wait()
 }
 
-// copy forwards src to dst, holding every chunk while blackholed.
-func (p *Proxy) copy(l *link, dst io.Writer, src io.Reader) {
+// copy forwards src to dst, holding every chunk while blackholed. The
+// client's side is scanned (sc) for COMMITs (OnCommit), port being the
+// link's server-side port.
+func (p *Proxy) copy(l *link, dst io.Writer, src io.Reader, sc *scanner, port int) {
 	defer l.close()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
+			var after func()
+			if ran, ok := sc.scan(buf[:n]); ok {
+				if fn := p.commitHook(ran); fn != nil {
+					after = fn(port)
+				}
+			}
 			if !p.waitOpen(l) {
 				return
 			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
+			}
+			if after != nil {
+				after()
 			}
 		}
 		if err != nil {
@@ -241,4 +290,124 @@ func (p *Proxy) waitOpen(l *link) bool {
 	default:
 		return true
 	}
+}
+
+// scanner follows the messages of a client's side of the PostgreSQL
+// protocol, to tell COMMITs and what their transactions ran: after the
+// untyped start-up packets (an SSLRequest or GSSENCRequest is followed by
+// another), each message is a type byte, a length that counts itself, and
+// a body. A nil scanner scans nothing.
+type scanner struct {
+	startup  bool
+	hdr      []byte // the header read so far
+	typ      byte
+	left     int               // body bytes to come
+	head     []byte            // the first bytes of a Query, Parse or Bind body
+	prepared map[string]string // the first bytes of each prepared statement's text
+	ran      []string          // the first bytes of the statements run since BEGIN
+}
+
+// Start-up codes followed by another start-up packet.
+const (
+	sslRequest    = 80877103
+	gssencRequest = 80877104
+)
+
+// headLen is how much of a statement the scanner keeps.
+const headLen = 160
+
+// maxRan bounds the statements kept per transaction.
+const maxRan = 64
+
+// scan consumes chunk and reports whether a COMMIT message began in it,
+// and what the last such COMMIT's transaction ran.
+func (s *scanner) scan(chunk []byte) (ran []string, commit bool) {
+	if s == nil {
+		return nil, false
+	}
+	for len(chunk) > 0 {
+		if s.left == 0 && len(s.hdr) < s.hdrLen() {
+			k := min(s.hdrLen()-len(s.hdr), len(chunk))
+			s.hdr = append(s.hdr, chunk[:k]...)
+			chunk = chunk[k:]
+			if len(s.hdr) < s.hdrLen() {
+				return ran, commit
+			}
+			n := int(binary.BigEndian.Uint32(s.hdr[len(s.hdr)-4:])) - 4
+			if s.startup {
+				s.typ = 0
+			} else {
+				s.typ = s.hdr[0]
+			}
+			s.left, s.head = max(n, 0), s.head[:0]
+			if s.left == 0 {
+				s.hdr = s.hdr[:0]
+			}
+			continue
+		}
+		k := min(s.left, len(chunk))
+		s.head = append(s.head, chunk[:min(k, headLen-len(s.head))]...)
+		chunk, s.left = chunk[k:], s.left-k
+		if s.left == 0 {
+			if s.ended() {
+				ran, commit, s.ran = s.ran, true, nil
+			}
+			s.hdr = s.hdr[:0]
+		}
+	}
+	return ran, commit
+}
+
+func (s *scanner) hdrLen() int {
+	if s.startup {
+		return 4
+	}
+	return 5
+}
+
+// ended notes the message just read, and reports whether it is a COMMIT.
+func (s *scanner) ended() bool {
+	fields := bytes.SplitN(s.head, []byte{0}, 3)
+	switch s.typ {
+	case 0:
+		if len(s.head) < 4 || !slices.Contains([]uint32{sslRequest, gssencRequest}, binary.BigEndian.Uint32(s.head)) {
+			s.startup = false
+		}
+	case 'Q':
+		q := string(fields[0])
+		if isCommit(q) {
+			return true
+		}
+		if strings.HasPrefix(strings.ToUpper(strings.TrimSpace(q)), "BEGIN") {
+			s.ran = nil
+			return false
+		}
+		s.run(q)
+	case 'P': // statement name, query
+		if len(fields) > 1 {
+			s.prepared[string(fields[0])] = string(fields[1])
+		}
+	case 'B': // portal, statement name
+		if len(fields) > 1 {
+			s.run(s.prepared[string(fields[1])])
+		}
+	}
+	return false
+}
+
+func (s *scanner) run(q string) {
+	if len(s.ran) < maxRan {
+		s.ran = append(s.ran, q)
+	}
+}
+
+// isCommit reports whether simple query q holds a COMMIT statement
+// ("RELEASE SAVEPOINT x; COMMIT" too).
+func isCommit(q string) bool {
+	for part := range strings.SplitSeq(q, ";") {
+		if part = strings.TrimSpace(part); len(part) >= 6 && strings.EqualFold(part[:6], "COMMIT") {
+			return true
+		}
+	}
+	return false
 }

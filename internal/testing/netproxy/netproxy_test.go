@@ -2,8 +2,10 @@ package netproxy
 
 import (
 	"bufio"
+	"encoding/binary"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -85,5 +87,52 @@ func TestProxy(t *testing.T) {
 	defer c3.Close()
 	if err := roundTrip(c3, time.Second); err != nil {
 		t.Fatalf("healed proxy: %v", err)
+	}
+}
+
+// The scanner tells COMMITs in a client's stream, split anywhere, and what
+// their transactions ran, prepared statements included.
+func TestScannerFindsCommits(t *testing.T) {
+	msg := func(typ byte, body string) []byte {
+		b := []byte{typ, 0, 0, 0, 0}
+		binary.BigEndian.PutUint32(b[1:], uint32(len(body)+4))
+		return append(b, body...)
+	}
+	untyped := func(code uint32, rest string) []byte {
+		b := make([]byte, 8)
+		binary.BigEndian.PutUint32(b, uint32(8+len(rest)))
+		binary.BigEndian.PutUint32(b[4:], code)
+		return append(b, rest...)
+	}
+	stream := func(msgs ...[]byte) []byte {
+		b := append(untyped(sslRequest, ""), untyped(196608, "user\x00chaos\x00\x00")...)
+		for _, m := range msgs {
+			b = append(b, m...)
+		}
+		return b
+	}
+	insert := append(append(msg('P', "s1\x00INSERT INTO effect VALUES ($1)\x00\x00\x00"), msg('S', "")...), msg('B', "\x00s1\x00\x00\x00")...)
+	for _, tc := range []struct {
+		name   string
+		stream []byte
+		want   string // what the last COMMIT's transaction ran; "-": no COMMIT
+	}{
+		{"none", stream(msg('Q', "SELECT 1\x00")), "-"},
+		{"simple", stream(msg('Q', "BEGIN\x00"), msg('Q', "SELECT 1\x00"), msg('Q', "COMMIT\x00")), "SELECT 1"},
+		{"cockroach", stream(msg('Q', "BEGIN\x00"), msg('Q', "RELEASE SAVEPOINT cockroach_restart; COMMIT\x00")), ""},
+		{"prepared", stream(msg('Q', "BEGIN\x00"), insert, msg('Q', "COMMIT\x00")), "INSERT INTO effect VALUES ($1)"},
+	} {
+		for split := 1; split <= len(tc.stream); split++ {
+			sc := &scanner{startup: true, prepared: map[string]string{}}
+			got := "-"
+			for i := 0; i < len(tc.stream); i += split {
+				if ran, ok := sc.scan(tc.stream[i:min(i+split, len(tc.stream))]); ok {
+					got = strings.Join(ran, "; ")
+				}
+			}
+			if got != tc.want {
+				t.Errorf("%s, chunks of %d: %q, want %q", tc.name, split, got, tc.want)
+			}
+		}
 	}
 }

@@ -23,6 +23,8 @@ CREATE TABLE chaos_effect (
     machine_id UUID NOT NULL,
     session_id UUID NOT NULL,
     worker_id INT NOT NULL,
+    claim_id UUID NOT NULL,
+    token BIGINT NOT NULL,
     tx_now TIMESTAMPTZ NOT NULL,
     stmt_clock TIMESTAMPTZ NOT NULL,
     seen_deadline TIMESTAMPTZ
@@ -55,6 +57,28 @@ CREATE TABLE chaos_fault (
 );
 `
 
+// workerRole is the role the workers connect as: not a superuser, so that
+// its connection limit binds (FaultMaxConnections).
+const workerRole = "chaos_worker"
+
+// workerRoleSQL creates workerRole, with what bmdb's and the harness's
+// tables need.
+const workerRoleSQL = `
+CREATE ROLE chaos_worker LOGIN;
+GRANT ALL ON ALL TABLES IN SCHEMA public TO chaos_worker;
+GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO chaos_worker;
+GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO chaos_worker;
+GRANT CREATE ON SCHEMA public TO chaos_worker;
+CREATE FUNCTION chaos_limit_workers(n INT) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('ALTER ROLE chaos_worker CONNECTION LIMIT %s', n);
+END
+$$;
+REVOKE EXECUTE ON FUNCTION chaos_limit_workers(INT) FROM PUBLIC, chaos_worker`
+
+// limitWorkersSQL sets workerRole's connection limit to $1 (-1: none).
+const limitWorkersSQL = `SELECT chaos_limit_workers($1)`
+
 // Queries of the workers.
 const (
 	// retrieveSQL returns machines that have no effect yet and no claim held
@@ -69,10 +93,11 @@ WHERE NOT EXISTS (SELECT 1 FROM chaos_effect e WHERE e.machine_id = m.machine_id
 ORDER BY m.machine_created_at, m.machine_id
 LIMIT $2`
 
-	// insertEffectSQL records the effect of (machine $1, session $2, worker $3).
+	// insertEffectSQL records the effect of (machine $1, session $2, worker
+	// $3) under claim $4 with fencing token $5.
 	insertEffectSQL = `
-INSERT INTO chaos_effect (machine_id, session_id, worker_id, tx_now, stmt_clock, seen_deadline)
-VALUES ($1, $2, $3, now(), clock_timestamp(),
+INSERT INTO chaos_effect (machine_id, session_id, worker_id, claim_id, token, tx_now, stmt_clock, seen_deadline)
+VALUES ($1, $2, $3, $4, $5, now(), clock_timestamp(),
         (SELECT s.deadline FROM sessions s WHERE s.session_id = $2))`
 )
 

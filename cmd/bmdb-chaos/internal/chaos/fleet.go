@@ -21,6 +21,8 @@ func (c WorkerConfig) Args() []string {
 		"--interval", c.Interval.String(), "--gc-period", c.GCPeriod.String(),
 		"--concurrency", strconv.Itoa(c.Concurrency), "--connections", strconv.Itoa(c.Connections),
 		"--work-min", c.WorkMin.String(), "--work-max", c.WorkMax.String(),
+		"--serializable=" + strconv.FormatBool(c.Serializable), "--max-clock-offset", c.MaxClockOffset.String(),
+		"--history", c.History,
 	}
 }
 
@@ -37,12 +39,15 @@ func ParseWorkerFlags(args []string) (WorkerConfig, error) {
 	fs.IntVar(&c.Connections, "connections", 1, "bmdb Connections, each with a loop of its own")
 	fs.DurationVar(&c.WorkMin, "work-min", 200*time.Millisecond, "shortest simulated work")
 	fs.DurationVar(&c.WorkMax, "work-max", 800*time.Millisecond, "longest simulated work")
+	fs.BoolVar(&c.Serializable, "serializable", false, "SERIALIZABLE batches (bmdb.Config.SerializableBatches)")
+	fs.DurationVar(&c.MaxClockOffset, "max-clock-offset", 0, "bmdb.Config.MaxClockOffset (0: bmdb's default)")
+	fs.StringVar(&c.History, "history", "", "the history file the worker appends its operations to")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
 	switch {
-	case c.DSN == "":
-		return c, fmt.Errorf("worker: --dsn is required")
+	case c.DSN == "" || c.History == "":
+		return c, fmt.Errorf("worker: --dsn and --history are required")
 	case c.Concurrency < 1:
 		return c, fmt.Errorf("worker: --concurrency must be positive")
 	case c.Connections < 1:

@@ -14,26 +14,65 @@ import (
 	"github.com/google/uuid"
 )
 
-// check runs every check over the database and the workers' logs, adding
-// violations and figures to r.
+// check runs every check over the database, the workers' histories and
+// their logs, adding violations and figures to r.
 func (h *harness) check(ctx context.Context, r *Report) error {
 	final, err := h.finalDeadlines(ctx)
 	if err != nil {
 		return err
 	}
+	events, err := h.events(ctx)
+	if err != nil {
+		return err
+	}
+	ops, err := readHistories(h.fleet.logDir, h.cfg.Workers)
+	if err != nil {
+		return err
+	}
+	offset := realtimeOffset()
+	st := newStories(ops, events, offset)
 	if err := h.checkItems(ctx, r); err != nil {
 		return err
 	}
-	if err := h.checkEffects(ctx, r, final); err != nil {
+	if err := h.checkEffects(ctx, r, final, st); err != nil {
 		return err
 	}
-	if err := h.checkHistory(ctx, r, final); err != nil {
+	if err := h.checkHistory(ctx, r, final, events, st); err != nil {
 		return err
 	}
 	for _, w := range h.fleet.procs {
 		h.checkLog(r, w)
 	}
+	r.Operations = checkModel(r, machineHistories(ops, events, offset), h.fleet.logDir)
 	return nil
+}
+
+// events returns the work_history rows of Process, by machine and id, with
+// their commit timestamps.
+func (h *harness) events(ctx context.Context) ([]dbEvent, error) {
+	rows, err := h.db.QueryContext(ctx, `
+SELECT id, machine_id, session_id, COALESCE(claim_id, '00000000-0000-0000-0000-000000000000'), event::TEXT,
+       COALESCE(fencing_token, 0), at, pg_xact_commit_timestamp(xmin)
+FROM work_history WHERE process = $1 AND event IN ('Started', 'Finished', 'Failed', 'Canceled', 'Abandoned')
+ORDER BY machine_id, id`, Process)
+	if err != nil {
+		return nil, fmt.Errorf("chaos: reading history: %w", err)
+	}
+	defer rows.Close()
+	var evs []dbEvent
+	for rows.Next() {
+		var e dbEvent
+		var commit sql.NullTime
+		if err := rows.Scan(&e.id, &e.machine, &e.session, &e.claim, &e.event, &e.token, &e.at, &commit); err != nil {
+			return nil, err
+		}
+		if !commit.Valid {
+			return nil, fmt.Errorf("chaos: history %d has no commit timestamp (track_commit_timestamp off?)", e.id)
+		}
+		e.commit = commit.Time
+		evs = append(evs, e)
+	}
+	return evs, rows.Err()
 }
 
 // finalDeadlines returns every session's last deadline (chaos_session_log).
@@ -91,17 +130,20 @@ GROUP BY m.machine_id HAVING count(e.id) <> 1 ORDER BY m.machine_id`)
 	return rows.Err()
 }
 
-// checkEffects: each effect was committed under a claim its session held
-// (Finished history in the same transaction), while the session was alive:
-// the transaction began before the deadline it saw, and it committed before
-// the session's final deadline.
-func (h *harness) checkEffects(ctx context.Context, r *Report, final map[uuid.UUID]time.Time) error {
+// checkEffects: each effect was committed by the Finish of the claim it
+// names (a Finished history row of that claim, in the same transaction),
+// at most once per claim, with the claim's fencing token, while the
+// session was alive: the transaction began before the deadline it saw,
+// and it committed before the session's final deadline.
+func (h *harness) checkEffects(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, st *stories) error {
 	rows, err := h.db.QueryContext(ctx, `
-SELECT e.id, e.machine_id, e.session_id, e.worker_id, e.tx_now, e.stmt_clock, e.seen_deadline,
+SELECT e.id, e.machine_id, e.session_id, e.worker_id, e.claim_id, e.token, e.tx_now, e.stmt_clock, e.seen_deadline,
        pg_xact_commit_timestamp(e.xmin),
-       EXISTS (SELECT 1 FROM work_history h WHERE h.machine_id = e.machine_id AND h.process = $1
-                 AND h.session_id = e.session_id AND h.event = 'Finished')
-FROM chaos_effect e ORDER BY e.id`, Process)
+       EXISTS (SELECT 1 FROM work_history h WHERE h.claim_id = e.claim_id AND h.event = 'Finished'
+                 AND h.session_id = e.session_id AND h.xmin = e.xmin),
+       (SELECT h.fencing_token FROM work_history h WHERE h.claim_id = e.claim_id AND h.event = 'Started'),
+       count(*) OVER (PARTITION BY e.claim_id)
+FROM chaos_effect e ORDER BY e.id`)
 	if err != nil {
 		return fmt.Errorf("chaos: reading effects: %w", err)
 	}
@@ -109,19 +151,25 @@ FROM chaos_effect e ORDER BY e.id`, Process)
 	first := true
 	for rows.Next() {
 		var id int64
-		var m, s uuid.UUID
-		var wid int
+		var m, s, c uuid.UUID
+		var wid, perClaim int
+		var token int64
+		var started sql.NullInt64
 		var txNow, stmt time.Time
 		var seen, commit sql.NullTime
 		var finished bool
-		if err := rows.Scan(&id, &m, &s, &wid, &txNow, &stmt, &seen, &commit, &finished); err != nil {
+		if err := rows.Scan(&id, &m, &s, &wid, &c, &token, &txNow, &stmt, &seen, &commit, &finished, &started, &perClaim); err != nil {
 			return err
 		}
-		what := fmt.Sprintf("effect %d (item %s, session %s, worker %d)", id, m, s, wid)
+		what := fmt.Sprintf("effect %d (item %s, claim %s, session %s, worker %d)", id, m, c, s, wid)
 		fd, ok := final[s]
 		switch {
 		case !finished:
-			r.violate("%s has no Finished history of its session: committed without holding the claim", what)
+			r.violate("%s was not committed with its claim's Finished history: committed without holding the claim%s", what, st.of(c))
+		case perClaim > 1:
+			r.violate("%s is one of %d effects of its claim%s", what, perClaim, st.of(c))
+		case !started.Valid || started.Int64 != token:
+			r.violate("%s carries token %d, its claim's Started history %v%s", what, token, started, st.of(c))
 		case !seen.Valid:
 			r.violate("%s: its transaction saw no row for its session", what)
 		case !txNow.Before(seen.Time):
@@ -131,8 +179,8 @@ FROM chaos_effect e ORDER BY e.id`, Process)
 		case !commit.Valid:
 			r.violate("%s: no commit timestamp (track_commit_timestamp off?)", what)
 		case !commit.Time.Before(fd):
-			r.violate("%s committed at %s, %v after its session's final deadline %s (statement ran at %s, transaction began %s)",
-				what, ts(commit.Time), commit.Time.Sub(fd), ts(fd), ts(stmt), ts(txNow))
+			r.violate("%s committed at %s, %v after its session's final deadline %s (statement ran at %s, transaction began %s)%s",
+				what, ts(commit.Time), commit.Time.Sub(fd), ts(fd), ts(stmt), ts(txNow), st.of(c))
 		}
 		if ok && commit.Valid {
 			if margin := fd.Sub(commit.Time); first || margin < r.MinCommitMargin {
@@ -143,38 +191,22 @@ FROM chaos_effect e ORDER BY e.id`, Process)
 	return rows.Err()
 }
 
-// claimEvent is one work_history row of Process.
-type claimEvent struct {
-	id      int64
-	machine uuid.UUID
-	session uuid.UUID
-	event   string
-	at      time.Time
-}
-
 // checkHistory: per machine, claims follow one another without overlap
 // (each Started is ended by its own session's event before the next
-// Started); a claim is Abandoned only after its session's final deadline,
-// and within the reclaim bound of it; no claim is left open.
-func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UUID]time.Time) error {
+// Started); what a session's own transactions wrote (Started, Finished,
+// Failed) committed before its final deadline; a claim is Abandoned only
+// after its session's final deadline, and within the reclaim bound of it;
+// no claim is left open.
+func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, events []dbEvent, st *stories) error {
 	outages, err := h.outages(ctx)
 	if err != nil {
 		return err
 	}
-	rows, err := h.db.QueryContext(ctx, `SELECT id, machine_id, session_id, event::TEXT, at FROM work_history
-		WHERE process = $1 ORDER BY machine_id, id`, Process)
-	if err != nil {
-		return fmt.Errorf("chaos: reading history: %w", err)
-	}
-	defer rows.Close()
 	r.Events = map[string]int{}
-	var holder *claimEvent
+	var holder *dbEvent
 	var last uuid.UUID
-	for rows.Next() {
-		var e claimEvent
-		if err := rows.Scan(&e.id, &e.machine, &e.session, &e.event, &e.at); err != nil {
-			return err
-		}
+	for i := range events {
+		e := &events[i]
 		r.Events[e.event]++
 		if e.machine != last {
 			if holder != nil {
@@ -182,13 +214,18 @@ func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UU
 			}
 			holder, last = nil, e.machine
 		}
+		if e.event != "Abandoned" && e.event != "Canceled" {
+			if fd, ok := final[e.session]; ok && !e.commit.Before(fd) {
+				r.violate("item %s: %s history of claim %s committed at %s, %v after its session's final deadline %s%s",
+					e.machine, e.event, e.claim, ts(e.commit), e.commit.Sub(fd), ts(fd), st.of(e.claim))
+			}
+		}
 		if e.event == "Started" {
 			if holder != nil {
 				r.violate("item %s: session %s Started at %s while session %s held the claim (Started %s)",
 					e.machine, e.session, ts(e.at), holder.session, ts(holder.at))
 			}
-			ev := e
-			holder = &ev
+			holder = e
 			continue
 		}
 		if holder == nil || holder.session != e.session {
@@ -219,14 +256,16 @@ func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UU
 		r.violate("item %s: claim of session %s (Started %s) never ended", last, holder.session, ts(holder.at))
 	}
 	sort.Slice(r.Reclaims, func(i, j int) bool { return r.Reclaims[i] < r.Reclaims[j] })
-	return rows.Err()
+	return nil
 }
 
-// outageWindows are the database's restarts, on its clock.
+// outageWindows are the database's restarts and the operator's locks of
+// the work table, on its clock: no one can reclaim anything then.
 type outageWindows [][2]time.Time
 
 func (h *harness) outages(ctx context.Context) (outageWindows, error) {
-	rows, err := h.db.QueryContext(ctx, `SELECT began_at, ended_at FROM chaos_fault WHERE kind = $1 AND ended_at IS NOT NULL`, string(FaultPGRestart))
+	rows, err := h.db.QueryContext(ctx, `SELECT began_at, ended_at FROM chaos_fault WHERE kind IN ($1, $2) AND ended_at IS NOT NULL`,
+		string(FaultPGRestart), string(FaultLockTable))
 	if err != nil {
 		return nil, fmt.Errorf("chaos: reading faults: %w", err)
 	}

@@ -1,24 +1,22 @@
-// Package chaos is bmdb's fault-injection harness (cmd/bmdb-chaos runs it).
+// Package chaos is bmdb's fault-injection harness (cmd/bmdb-chaos runs it;
+// its README describes the faults and the checks).
 //
 // It starts a throwaway PostgreSQL cluster, seeds machines, and runs a fleet
 // of workers as separate OS processes (the harness binary re-executed in
-// worker mode), each a worker.Loop whose Finish commits one effect row per
-// item. Every worker reaches the database through its own TCP proxy on
-// 127.0.0.1. While the fleet works, the harness injects faults at seeded
-// random times: SIGKILL and restart of a worker, a PostgreSQL restart (fast
-// shutdown), pg_terminate_backend of a worker's connections, a partition
-// of one worker (its proxy resets or blackholes its connections) for longer
-// than the session interval, and a stall (SIGSTOP for longer than the
-// interval, then SIGCONT).
+// worker mode), each with Connections claim loops that claim machines,
+// work on them and end each claim with Finish (which commits one effect
+// row), Fail or Cancel, recording every operation in a history
+// (history.go). Every worker reaches the database through its own TCP
+// proxy on 127.0.0.1. While the fleet works, the harness injects faults at
+// seeded random times (faults.go).
 //
-// Afterwards it checks the database and the workers' logs: every item has
-// exactly one effect; every effect was committed under a claim its session
-// held, by a transaction that began before the session's deadline and
-// committed before it; no two claims of one (machine, process) overlapped
-// in work_history, and none was taken over before its session's deadline;
-// every abandoned claim was released within interval + GC period of its
-// session's deadline; no item is left stuck; a stalled worker reports its
-// claims lost after waking. It prints the figures and the violations.
+// Afterwards it checks each item's history, the workers' operations joined
+// with the database's work_history, against a model of claims with
+// porcupine (model.go), and the database and the workers' logs against
+// plain rules (checker.go): every item has exactly one effect, committed
+// by its claim's Finish before its session's deadline; nothing a session
+// wrote committed after its deadline; abandoned claims were released in
+// time; no item is left stuck. It prints the figures and the violations.
 package chaos
 
 import (
@@ -41,6 +39,7 @@ import (
 	_ "github.com/lib/pq" // the harness's own connections
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/netproxy"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
@@ -55,6 +54,11 @@ type Config struct {
 	Faults      int           // CI mode: faults to inject, at least one of each kind
 	Soak        time.Duration // soak mode when positive: inject faults for this long
 	Gap         [2]time.Duration
+	Kinds       []FaultKind // the kinds of faults to inject; nil: FaultKinds
+
+	// Serializable runs the workers' batches SERIALIZABLE on PostgreSQL
+	// (bmdb.Config.SerializableBatches) rather than at snapshot isolation.
+	Serializable bool
 
 	Interval     time.Duration // bmdb session interval of the workers
 	GCPeriod     time.Duration // bmdb GC period of the workers
@@ -78,7 +82,7 @@ type Config struct {
 // least once), bounded to 4 minutes.
 func CIConfig() Config {
 	return Config{
-		Seed: 1, Workers: 4, Concurrency: 2, Connections: 2, Items: 160, Faults: 11,
+		Seed: 1, Workers: 4, Concurrency: 2, Connections: 2, Items: 160, Faults: 12,
 		Gap:      [2]time.Duration{500 * time.Millisecond, 2 * time.Second},
 		Interval: time.Second, GCPeriod: time.Second,
 		WorkMin: 200 * time.Millisecond, WorkMax: 800 * time.Millisecond,
@@ -91,8 +95,8 @@ func (c Config) validate() error {
 	switch {
 	case c.Workers < 1 || c.Concurrency < 1 || c.Connections < 1 || c.Items < 1:
 		return errors.New("chaos: workers, concurrency, connections and items must be positive")
-	case c.Soak <= 0 && c.Faults < len(FaultKinds):
-		return fmt.Errorf("chaos: CI mode needs at least %d faults, one of each kind", len(FaultKinds))
+	case c.Soak <= 0 && c.Faults < len(c.kinds()):
+		return fmt.Errorf("chaos: CI mode needs at least %d faults, one of each kind", len(c.kinds()))
 	case c.Interval < 100*time.Millisecond || c.GCPeriod <= 0:
 		return errors.New("chaos: interval must be at least 100ms and GC period positive")
 	case c.WorkMin < 0 || c.WorkMax < c.WorkMin:
@@ -109,6 +113,14 @@ func (c Config) validate() error {
 	return nil
 }
 
+// kinds returns the kinds of faults to inject.
+func (c Config) kinds() []FaultKind {
+	if len(c.Kinds) > 0 {
+		return c.Kinds
+	}
+	return FaultKinds
+}
+
 // harness is one run's state.
 type harness struct {
 	cfg            Config
@@ -120,6 +132,7 @@ type harness struct {
 	faults         []Fault // appended by the injecting goroutine only
 	faultCount     atomic.Int64
 	partitionModes map[string]int
+	cockroach      bool                 // cockroach mode (crdbmode.EnvVar), which the workers inherit
 	stuck          map[uuid.UUID]string // items not done at the end of the drain, and their claim then
 }
 
@@ -147,10 +160,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
 	defer cancel()
-	h := &harness{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6368616f73)), began: time.Now(), partitionModes: map[string]int{}}
+	mode, err := crdbmode.FromEnv()
+	if err != nil {
+		return nil, err
+	}
+	h := &harness{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6368616f73)), began: time.Now(), partitionModes: map[string]int{}, cockroach: mode.Enabled}
 	r := &Report{Seed: cfg.Seed, Workers: cfg.Workers, Concurrency: cfg.Concurrency, Connections: cfg.Connections, Interval: cfg.Interval,
-		GCPeriod: cfg.GCPeriod, ReclaimBound: cfg.Interval + cfg.GCPeriod + cfg.ReclaimSlack, Soak: cfg.Soak}
-	err := h.run(ctx, r)
+		GCPeriod: cfg.GCPeriod, ReclaimBound: cfg.Interval + cfg.GCPeriod + cfg.ReclaimSlack, Soak: cfg.Soak,
+		Serializable: cfg.Serializable, Cockroach: mode.Enabled}
+	err = h.run(ctx, r)
 	r.Runtime = time.Since(h.began)
 	return r, err
 }
@@ -254,6 +272,10 @@ func (h *harness) setUpDatabase(ctx context.Context) (dsn string, stop func(), e
 		h.db.Close()
 		return "", stop, fmt.Errorf("chaos: creating harness tables: %w", err)
 	}
+	if _, err := h.db.ExecContext(ctx, workerRoleSQL); err != nil {
+		h.db.Close()
+		return "", stop, fmt.Errorf("chaos: creating the workers' role: %w", err)
+	}
 	if _, err := h.db.ExecContext(ctx, seedSQL, h.cfg.Items); err != nil {
 		h.db.Close()
 		return "", stop, fmt.Errorf("chaos: seeding items: %w", err)
@@ -287,15 +309,34 @@ func (h *harness) startFleet(dsn string) error {
 		if err != nil {
 			return err
 		}
+		if wdsn, err = withUser(wdsn, workerRole); err != nil {
+			return err
+		}
 		cfg := WorkerConfig{DSN: wdsn, ID: id, Seed: h.cfg.Seed*100 + uint64(id), Interval: h.cfg.Interval,
 			GCPeriod: h.cfg.GCPeriod, Concurrency: h.cfg.Concurrency, Connections: h.cfg.Connections,
-			WorkMin: h.cfg.WorkMin, WorkMax: h.cfg.WorkMax}
+			WorkMin: h.cfg.WorkMin, WorkMax: h.cfg.WorkMax, Serializable: h.cfg.Serializable,
+			MaxClockOffset: h.clockOffset(id), History: historyPath(logDir, id)}
 		if err := h.fleet.add(cfg, app, proxy); err != nil {
 			proxy.Close()
 			return err
 		}
 	}
 	return nil
+}
+
+// clockOffset returns worker id's bmdb.Config.MaxClockOffset: in cockroach
+// mode, the limits Open accepts, by turns: half the session interval (a
+// session then counts itself dead half an interval after its last
+// heartbeat began) and next to none (it relies on the database's deadline
+// alone); elsewhere bmdb's default, which PostgreSQL does not use.
+func (h *harness) clockOffset(id int) time.Duration {
+	switch {
+	case !h.cockroach:
+		return 0
+	case id%2 == 0:
+		return h.cfg.Interval / 2
+	}
+	return time.Millisecond
 }
 
 // injectAll injects the CI schedule, or random faults until the soak time
@@ -313,7 +354,8 @@ func (h *harness) injectAll(ctx context.Context) error {
 			if err := wait.Sleep(ctx, gap()); err != nil {
 				return err
 			}
-			if err := h.inject(ctx, FaultKinds[h.rng.IntN(len(FaultKinds))]); err != nil {
+			kinds := h.cfg.kinds()
+			if err := h.inject(ctx, kinds[h.rng.IntN(len(kinds))]); err != nil {
 				return err
 			}
 		}
@@ -410,6 +452,16 @@ func withParams(dsn, host, database, app string) (string, error) {
 	return u.String(), nil
 }
 
+// withUser returns the URL dsn with user replaced.
+func withUser(dsn, user string) (string, error) {
+	u, err := url.Parse(dsn)
+	if err != nil {
+		return "", fmt.Errorf("chaos: DSN is not a URL: %w", err)
+	}
+	u.User = url.User(user)
+	return u.String(), nil
+}
+
 // FindRepo returns the repository root above dir: the directory holding
 // go.mod and scripts/pg-start.
 func FindRepo(dir string) (string, error) {
@@ -435,6 +487,7 @@ func FindRepo(dir string) (string, error) {
 type Report struct {
 	Seed                              uint64
 	Soak                              time.Duration
+	Serializable, Cockroach           bool // the shape: isolation of batches, cockroach mode
 	Workers, Concurrency, Connections int
 	Interval, GCPeriod                time.Duration
 	Runtime                           time.Duration
@@ -447,6 +500,7 @@ type Report struct {
 	Reclaims                          []time.Duration // Abandoned at - session's final deadline, sorted
 	ReclaimBound                      time.Duration   // interval + GC period + slack
 	MinCommitMargin                   time.Duration   // least (session deadline - effect commit)
+	Operations                        int             // operations checked against the claim model
 	Violations                        []string
 }
 
@@ -467,14 +521,24 @@ func (r *Report) Print(w io.Writer) {
 	if r.Soak > 0 {
 		mode = fmt.Sprintf("soak mode (%v)", r.Soak)
 	}
-	fmt.Fprintf(w, "bmdb-chaos: %s: seed %d, %s, %d workers x %d connections x %d handlers, interval %v, GC period %v, runtime %v\n",
-		verdict, r.Seed, mode, r.Workers, r.Connections, r.Concurrency, r.Interval, r.GCPeriod, r.Runtime.Round(100*time.Millisecond))
+	engine, isolation := "plain", "snapshot isolation"
+	if r.Cockroach {
+		engine = "cockroach mode (max clock offset interval/2 and 1ms by turns)"
+	}
+	if r.Serializable || r.Cockroach {
+		isolation = "SERIALIZABLE"
+	}
+	fmt.Fprintf(w, "bmdb-chaos: %s: seed %d, %s, %s, %s batches, %d workers x %d connections x %d handlers, interval %v, GC period %v, runtime %v\n",
+		verdict, r.Seed, mode, engine, isolation, r.Workers, r.Connections, r.Concurrency, r.Interval, r.GCPeriod, r.Runtime.Round(100*time.Millisecond))
 	total, parts := 0, []string{}
 	for _, k := range FaultKinds {
 		n := r.Faults[k]
 		total += n
+		if n == 0 {
+			continue
+		}
 		s := fmt.Sprintf("%s %d", k, n)
-		if k == FaultPartition && n > 0 {
+		if k == FaultPartition {
 			s += fmt.Sprintf(" (reset %d, blackhole %d)", r.PartitionModes["reset"], r.PartitionModes["blackhole"])
 		}
 		parts = append(parts, s)
@@ -494,6 +558,7 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "  reclaim:    no abandoned claims\n")
 	}
 	fmt.Fprintf(w, "  deadlines:  closest effect commit %v before its session's deadline\n", r.MinCommitMargin.Round(time.Millisecond))
+	fmt.Fprintf(w, "  model:      %d operations checked against the claim model (porcupine), per item\n", r.Operations)
 	fmt.Fprintf(w, "  violations: %d\n", len(r.Violations))
 	vs := append([]string(nil), r.Violations...)
 	sort.Strings(vs)
