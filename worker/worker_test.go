@@ -265,7 +265,10 @@ func TestLoopShutdownCancelsWorkAfterGrace(t *testing.T) {
 	})
 	eventually(t, 10*time.Second, "both machines claimed", func() bool { return e.count("SELECT count(*) FROM work") == 2 })
 	took := stop()
-	if took < grace || took > grace+2*time.Second {
+	// Just over the grace: the Cancels and the session's Close follow it,
+	// seconds on a loaded machine; work that is never cut off would keep
+	// Run from returning at all.
+	if took < grace || took > grace+5*time.Second {
 		t.Errorf("Run returned %v after shutdown, want just over the %v grace", took, grace)
 	}
 	if c, _ := sawCause.Load().(error); !errors.Is(c, errShutdown) {
