@@ -51,12 +51,13 @@ func (b *batcher) newClaimPass(reqs []*request, c *checks) *claimPass {
 // run runs every request's retrieve, and hands their candidates to the
 // fencer; then, in rounds of one statement, claims for each the first of
 // its candidates that no other request took and that are free, up to its
-// limit (the first statement is also the session check, so that
-// the retrievals' snapshot is as fresh as can be when the candidates are
-// locked); then takes a claim of an expired session over for each
-// request left with none. A request's ErrNothingToDo, ErrWorkConflict or
-// ErrUnknownMachine is its own outcome; any other error fails the
-// attempt. A request left with nothing but candidates without a claim row
+// limit (the first statement is also the session check, so that the
+// retrievals' snapshot is as fresh as can be when the candidates are
+// locked); then, unless the process is paused or at its cap (which gives
+// each request left with none ErrProcessPaused or ErrCapReached), takes a
+// claim of an expired session over for each request left with none. A
+// request's ErrNothingToDo, ErrWorkConflict or ErrUnknownMachine is its
+// own outcome; any other error fails the attempt. A request left with nothing but candidates without a claim row
 // has their rows made, once, and the attempt runs again (errRerun): its
 // snapshot cannot see them.
 func (p *claimPass) run(ctx context.Context, tx *Tx) error {
