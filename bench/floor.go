@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/lib/pq"
-
-	"github.com/bmdb-dev/bmdb/bmdb"
 )
 
 // The floor's two transactions per item: the least a claim cycle must do
@@ -77,7 +75,7 @@ func openPool(dsn string) (*sql.DB, error) {
 		return nil, err
 	}
 	pool := sql.OpenDB(connector)
-	pool.SetMaxIdleConns(bmdb.MaxIdleConnsDefault)
+	pool.SetMaxIdleConns(32) // bmdb's default Config.MaxIdleConns
 	return pool, nil
 }
 

@@ -12,36 +12,28 @@ import (
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
-// Defaults and limits of Config and of the arguments of Session methods.
+// Limits of the arguments of Session methods, and Config's defaults.
 const (
-	// SessionIntervalDefault is the default Config.SessionInterval: a dead
-	// or partitioned component loses its claims within about this long.
-	SessionIntervalDefault = 5 * time.Second
-	// GCPeriodDefault is the default Config.GCPeriod.
-	GCPeriodDefault = 30 * time.Second
-	// MaxTxAttemptsDefault is the default Config.MaxTxAttempts.
-	MaxTxAttemptsDefault = 100
-	// MaxIdleConnsDefault is the default Config.MaxIdleConns.
-	MaxIdleConnsDefault = 32
-	// MaxBatchSizeDefault is the default Config.MaxBatchSize.
-	MaxBatchSizeDefault = 100
-	// MaxConcurrentBatchesDefault is the default Config.MaxConcurrentBatches.
-	MaxConcurrentBatchesDefault = 2
-	// StatementCacheSizeDefault is the default Config.StatementCacheSize.
-	StatementCacheSizeDefault = 128
-	// MaxClockOffsetDefault is the default Config.MaxClockOffset, the
-	// default --max-offset of a CockroachDB cluster.
-	MaxClockOffsetDefault = 500 * time.Millisecond
-	// MaxTransactionDurationDefault is the default
-	// Config.MaxTransactionDuration: a second below CockroachDB's default
-	// closed timestamp target (kv.closed_timestamp.target_duration, 3 s),
-	// for the commit's round trip and the clocks' offset.
-	MaxTransactionDurationDefault = 2 * time.Second
 	// MaxCreateMachines is the most machines one Tx.CreateMachines call
-	// creates: few enough that the call stays well within
-	// MaxTransactionDurationDefault on CockroachDB
+	// creates: few enough that the call stays well within the default
+	// Config.MaxTransactionDuration on CockroachDB
 	// (TestCreateMachinesWithinTransactionBound).
 	MaxCreateMachines = 10000
+
+	// The defaults of Config's fields, stated on each field.
+	sessionIntervalDefault      = 5 * time.Second
+	gcPeriodDefault             = 30 * time.Second
+	maxTxAttemptsDefault        = 100
+	maxIdleConnsDefault         = 32
+	maxBatchSizeDefault         = 100
+	maxConcurrentBatchesDefault = 2
+	statementCacheSizeDefault   = 128
+	// The default --max-offset of a CockroachDB cluster.
+	maxClockOffsetDefault = 500 * time.Millisecond
+	// A second below CockroachDB's default closed timestamp target
+	// (kv.closed_timestamp.target_duration, 3 s), for the commit's round
+	// trip and the clocks' offset.
+	maxTransactionDurationDefault = 2 * time.Second
 
 	// The longest Config.ComponentName, in bytes.
 	maxComponentNameLength = 255
@@ -78,13 +70,14 @@ type Config struct {
 
 	// SessionInterval is a session's lifetime without a successful
 	// heartbeat. Heartbeats run every SessionInterval/2. Must be positive
-	// when set. Defaults to SessionIntervalDefault.
+	// when set. Defaults to 5 s: a dead or partitioned component loses its
+	// claims within about this long.
 	SessionInterval time.Duration
 
 	// GCPeriod is how often each live session deletes sessions that expired
 	// more than GCGracePeriod ago (recording Abandoned history for their
 	// claims). Each wait is jittered by up to 25%. Must be positive when set.
-	// Defaults to GCPeriodDefault.
+	// Defaults to 30 s.
 	GCPeriod time.Duration
 
 	// GCGracePeriod is how long an expired session row is kept before GC
@@ -106,8 +99,7 @@ type Config struct {
 
 	// MaxTxAttempts bounds the attempts of one transaction that keeps
 	// failing with serialization errors; then it returns
-	// *RetriesExhaustedError. Must be positive when set. Defaults to
-	// MaxTxAttemptsDefault.
+	// *RetriesExhaustedError. Must be positive when set. Defaults to 100.
 	MaxTxAttempts int
 
 	// MaxTransactionDuration bounds, on CockroachDB, how long one attempt
@@ -120,7 +112,8 @@ type Config struct {
 	// landed meanwhile, the likelier the longer it ran (txlimit.go). Keep it
 	// below the cluster's kv.closed_timestamp.target_duration less the
 	// commit latency. Not applied on PostgreSQL. Negative: no bound.
-	// Defaults to MaxTransactionDurationDefault.
+	// Defaults to 2 s, a second below CockroachDB's default closed
+	// timestamp target, for the commit's round trip and the clocks' offset.
 	MaxTransactionDuration time.Duration
 
 	// MaxOpenConns bounds the connection pool (database/sql's
@@ -145,7 +138,7 @@ type Config struct {
 	// when calls wait while a batch runs, the session's batcher starts
 	// another batch for them, up to this many (see "Batches" in the
 	// package doc). 1 runs one batch at a time. Must be in [1, 64].
-	// Defaults to MaxConcurrentBatchesDefault.
+	// Defaults to 2.
 	MaxConcurrentBatches int
 
 	// WrapConnector, if not nil, wraps lib/pq's driver.Connector, under
@@ -164,7 +157,7 @@ type Config struct {
 	Metrics *Metrics
 
 	// MaxIdleConns is the number of idle pooled connections kept (database/sql's
-	// SetMaxIdleConns). Must not be negative. Defaults to MaxIdleConnsDefault.
+	// SetMaxIdleConns). Must not be negative. Defaults to 32.
 	MaxIdleConns int
 
 	// NetworkTimeout bounds what no context bounds: connecting when the
@@ -182,13 +175,14 @@ type Config struct {
 	// clock may run ahead by up to this much and see the deadline pass
 	// early; so SessionInterval must be at least twice MaxClockOffset, or
 	// Open refuses it. Unused on PostgreSQL, whose one clock decides. Must
-	// not be negative. Defaults to MaxClockOffsetDefault.
+	// not be negative. Defaults to 500 ms, the default --max-offset of a
+	// CockroachDB cluster.
 	MaxClockOffset time.Duration
 
 	// MaxBatchSize bounds how many calls of a session for one process one
 	// batch serves (see "Batches" in the package doc). Must be in
 	// [1, MaxWorkMany]; 1 gives every call a transaction of its own. Defaults
-	// to MaxBatchSizeDefault.
+	// to 100.
 	MaxBatchSize int
 
 	// StatementCacheSize is how many statements with parameters each
@@ -204,7 +198,7 @@ type Config struct {
 	// plan_cache_mode=force_custom_plan for the role or database, or turn
 	// the cache off. Negative keeps none of the application's statements
 	// prepared (bmdb's own are prepared whatever this says); 0 means
-	// StatementCacheSizeDefault. At most 10000.
+	// 128. At most 10000.
 	StatementCacheSize int
 }
 
@@ -214,37 +208,37 @@ func (c Config) withDefaults() Config {
 		c.RuntimeInfo = procinfo.Describe()
 	}
 	if c.SessionInterval == 0 {
-		c.SessionInterval = SessionIntervalDefault
+		c.SessionInterval = sessionIntervalDefault
 	}
 	if c.GCPeriod == 0 {
-		c.GCPeriod = GCPeriodDefault
+		c.GCPeriod = gcPeriodDefault
 	}
 	if c.GCGracePeriod == 0 {
 		c.GCGracePeriod = c.SessionInterval
 	}
 	if c.MaxTxAttempts == 0 {
-		c.MaxTxAttempts = MaxTxAttemptsDefault
+		c.MaxTxAttempts = maxTxAttemptsDefault
 	}
 	if c.MaxIdleConns == 0 {
-		c.MaxIdleConns = MaxIdleConnsDefault
+		c.MaxIdleConns = maxIdleConnsDefault
 	}
 	if c.NetworkTimeout == 0 {
 		c.NetworkTimeout = max(2*c.SessionInterval, time.Second)
 	}
 	if c.MaxClockOffset == 0 {
-		c.MaxClockOffset = MaxClockOffsetDefault
+		c.MaxClockOffset = maxClockOffsetDefault
 	}
 	if c.StatementCacheSize == 0 {
-		c.StatementCacheSize = StatementCacheSizeDefault
+		c.StatementCacheSize = statementCacheSizeDefault
 	}
 	if c.MaxBatchSize == 0 {
-		c.MaxBatchSize = MaxBatchSizeDefault
+		c.MaxBatchSize = maxBatchSizeDefault
 	}
 	if c.MaxConcurrentBatches == 0 {
-		c.MaxConcurrentBatches = MaxConcurrentBatchesDefault
+		c.MaxConcurrentBatches = maxConcurrentBatchesDefault
 	}
 	if c.MaxTransactionDuration == 0 {
-		c.MaxTransactionDuration = MaxTransactionDurationDefault
+		c.MaxTransactionDuration = maxTransactionDurationDefault
 	}
 	return c
 }

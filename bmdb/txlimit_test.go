@@ -120,7 +120,7 @@ func TestCockroachTransactionOlderThanClosedTimestamp(t *testing.T) {
 
 // One CreateMachines call creates at most MaxCreateMachines machines, few
 // enough for CockroachDB's bound on a transaction
-// (MaxTransactionDurationDefault): on a cluster this runs with that bound;
+// (maxTransactionDurationDefault): on a cluster this runs with that bound;
 // on PostgreSQL, cockroach mode included, it runs unbounded and logs the
 // time, since this machine's speed says nothing of a cluster's (100,000 in
 // one call took 0.45 s idle and up to 24 s under load here, which is why
@@ -147,7 +147,7 @@ func TestCreateMachinesWithinTransactionBound(t *testing.T) {
 	if err != nil {
 		t.Fatalf("CreateMachines(%d): %v", MaxCreateMachines, err)
 	}
-	t.Logf("CreateMachines(%d) in one transaction: %v (CockroachDB's bound: %v)", MaxCreateMachines, took, MaxTransactionDurationDefault)
+	t.Logf("CreateMachines(%d) in one transaction: %v (CockroachDB's bound: %v)", MaxCreateMachines, took, maxTransactionDurationDefault)
 	if n := e.count("SELECT count(*) FROM machines"); n != MaxCreateMachines {
 		t.Errorf("%d machines, want %d", n, MaxCreateMachines)
 	}
