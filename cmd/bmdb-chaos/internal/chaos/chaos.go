@@ -170,6 +170,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		Serializable: cfg.Serializable, Cockroach: mode.Enabled}
 	err = h.run(ctx, r)
 	r.Runtime = time.Since(h.began)
+	if err != nil {
+		r.Unchecked = err.Error()
+	}
 	return r, err
 }
 
@@ -214,7 +217,9 @@ func (h *harness) run(ctx context.Context, r *Report) error {
 	if err != nil {
 		return err
 	}
-	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+	// The checks read every effect and history row: allow a minute and
+	// half the soak's time, so that a long run's larger history is read.
+	cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute+h.cfg.Soak/2)
 	defer ccancel()
 	return h.check(cctx, r)
 }
@@ -502,20 +507,26 @@ type Report struct {
 	MinCommitMargin                   time.Duration   // least (session deadline - effect commit)
 	Operations                        int             // operations checked against the claim model
 	Violations                        []string
+	// Unchecked, if not empty, is why the run or its checks did not
+	// finish: the figures are partial and nothing was verified.
+	Unchecked string
 }
 
 func (r *Report) violate(format string, args ...any) {
 	r.Violations = append(r.Violations, fmt.Sprintf(format, args...))
 }
 
-// OK reports whether the run found no violation.
-func (r *Report) OK() bool { return len(r.Violations) == 0 }
+// OK reports whether the run finished its checks and found no violation.
+func (r *Report) OK() bool { return len(r.Violations) == 0 && r.Unchecked == "" }
 
 // Print writes the figures and every violation.
 func (r *Report) Print(w io.Writer) {
 	verdict := "PASS"
-	if !r.OK() {
+	switch {
+	case len(r.Violations) > 0:
 		verdict = "FAIL"
+	case r.Unchecked != "":
+		verdict = "INCOMPLETE (not checked: " + r.Unchecked + ")"
 	}
 	mode := "CI mode"
 	if r.Soak > 0 {

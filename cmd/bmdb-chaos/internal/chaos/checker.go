@@ -17,6 +17,13 @@ import (
 // check runs every check over the database, the workers' histories and
 // their logs, adding violations and figures to r.
 func (h *harness) check(ctx context.Context, r *Report) error {
+	// The effects' check looks up each effect's claim in work_history,
+	// which bmdb does not index by claim: without this index it reads the
+	// whole history once per effect, minutes for a long soak's. Made after
+	// the fleet stopped, so that the run wrote bmdb's schema as it is.
+	if _, err := h.db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS chaos_history_claim_idx ON work_history (claim_id)`); err != nil {
+		return fmt.Errorf("chaos: indexing history by claim: %w", err)
+	}
 	final, err := h.finalDeadlines(ctx)
 	if err != nil {
 		return err

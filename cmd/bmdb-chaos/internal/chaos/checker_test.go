@@ -69,3 +69,24 @@ func TestOverlapAndQuantile(t *testing.T) {
 		t.Errorf("p50 = %v", q)
 	}
 }
+
+// A run whose checks did not finish (the history read timed out) must not
+// print PASS, even with no violation found in what was read.
+func TestReportUncheckedIsNoPass(t *testing.T) {
+	r := &Report{Soak: time.Minute, Unchecked: "context deadline exceeded"}
+	if r.OK() {
+		t.Error("OK() = true for a run whose checks did not finish")
+	}
+	var out strings.Builder
+	r.Print(&out)
+	first, _, _ := strings.Cut(out.String(), "\n")
+	if strings.Contains(first, "PASS") || !strings.Contains(first, "INCOMPLETE (not checked: context deadline exceeded)") {
+		t.Errorf("verdict line = %q, want INCOMPLETE with the reason and no PASS", first)
+	}
+	r.Violations = []string{"item x stuck"}
+	out.Reset()
+	r.Print(&out)
+	if first, _, _ = strings.Cut(out.String(), "\n"); !strings.Contains(first, "FAIL") {
+		t.Errorf("verdict line = %q, want FAIL when a violation was found", first)
+	}
+}
