@@ -17,13 +17,6 @@ import (
 // check runs every check over the database, the workers' histories and
 // their logs, adding violations and figures to r.
 func (h *harness) check(ctx context.Context, r *Report) error {
-	// The effects' check looks up each effect's claim in work_history,
-	// which bmdb does not index by claim: without this index it reads the
-	// whole history once per effect, minutes for a long soak's. Made after
-	// the fleet stopped, so that the run wrote bmdb's schema as it is.
-	if _, err := h.db.ExecContext(ctx, `CREATE INDEX IF NOT EXISTS chaos_history_claim_idx ON work_history (claim_id)`); err != nil {
-		return fmt.Errorf("chaos: indexing history by claim: %w", err)
-	}
 	final, err := h.finalDeadlines(ctx)
 	if err != nil {
 		return err
@@ -59,7 +52,7 @@ func (h *harness) check(ctx context.Context, r *Report) error {
 func (h *harness) events(ctx context.Context) ([]dbEvent, error) {
 	rows, err := h.db.QueryContext(ctx, `
 SELECT id, machine_id, session_id, COALESCE(claim_id, '00000000-0000-0000-0000-000000000000'), event::TEXT,
-       COALESCE(fencing_token, 0), at, pg_xact_commit_timestamp(xmin)
+       fencing_token, at, xmin::TEXT, pg_xact_commit_timestamp(xmin)
 FROM work_history WHERE process = $1 AND event IN ('Started', 'Finished', 'Failed', 'Canceled', 'Abandoned')
 ORDER BY machine_id, id`, Process)
 	if err != nil {
@@ -69,10 +62,12 @@ ORDER BY machine_id, id`, Process)
 	var evs []dbEvent
 	for rows.Next() {
 		var e dbEvent
+		var token sql.NullInt64
 		var commit sql.NullTime
-		if err := rows.Scan(&e.id, &e.machine, &e.session, &e.claim, &e.event, &e.token, &e.at, &commit); err != nil {
+		if err := rows.Scan(&e.id, &e.machine, &e.session, &e.claim, &e.event, &token, &e.at, &e.xid, &commit); err != nil {
 			return nil, err
 		}
+		e.token, e.hasToken = token.Int64, token.Valid
 		if !commit.Valid {
 			return nil, fmt.Errorf("chaos: history %d has no commit timestamp (track_commit_timestamp off?)", e.id)
 		}
@@ -145,11 +140,7 @@ GROUP BY m.machine_id HAVING count(e.id) <> 1 ORDER BY m.machine_id`)
 func (h *harness) checkEffects(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, st *stories) error {
 	rows, err := h.db.QueryContext(ctx, `
 SELECT e.id, e.machine_id, e.session_id, e.worker_id, e.claim_id, e.token, e.tx_now, e.stmt_clock, e.seen_deadline,
-       pg_xact_commit_timestamp(e.xmin),
-       EXISTS (SELECT 1 FROM work_history h WHERE h.claim_id = e.claim_id AND h.event = 'Finished'
-                 AND h.session_id = e.session_id AND h.xmin = e.xmin),
-       (SELECT h.fencing_token FROM work_history h WHERE h.claim_id = e.claim_id AND h.event = 'Started'),
-       count(*) OVER (PARTITION BY e.claim_id)
+       e.xmin::TEXT, pg_xact_commit_timestamp(e.xmin), count(*) OVER (PARTITION BY e.claim_id)
 FROM chaos_effect e ORDER BY e.id`)
 	if err != nil {
 		return fmt.Errorf("chaos: reading effects: %w", err)
@@ -164,9 +155,20 @@ FROM chaos_effect e ORDER BY e.id`)
 		var started sql.NullInt64
 		var txNow, stmt time.Time
 		var seen, commit sql.NullTime
-		var finished bool
-		if err := rows.Scan(&id, &m, &s, &wid, &c, &token, &txNow, &stmt, &seen, &commit, &finished, &started, &perClaim); err != nil {
+		var xid string
+		if err := rows.Scan(&id, &m, &s, &wid, &c, &token, &txNow, &stmt, &seen, &xid, &commit, &perClaim); err != nil {
 			return err
+		}
+		// The claim's history, read by events: its Started row, and a
+		// Finished row of the effect's session and transaction.
+		var finished, hasStarted bool
+		for _, e := range st.events[c] {
+			switch {
+			case e.event == "Started" && !hasStarted:
+				hasStarted, started = true, sql.NullInt64{Int64: e.token, Valid: e.hasToken}
+			case e.event == "Finished" && e.session == s && e.xid == xid:
+				finished = true
+			}
 		}
 		what := fmt.Sprintf("effect %d (item %s, claim %s, session %s, worker %d)", id, m, c, s, wid)
 		fd, ok := final[s]

@@ -132,9 +132,12 @@ type dbEvent struct {
 	session uuid.UUID
 	claim   uuid.UUID
 	event   string
-	token   int64
+	token   int64 // 0 when the row has none
 	at      time.Time
 	commit  time.Time
+
+	hasToken bool   // the row has a fencing token
+	xid      string // the writing transaction (xmin)
 }
 
 // dbSlack widens the database's events on the histories' clock, for the
