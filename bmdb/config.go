@@ -41,6 +41,8 @@ const (
 	maxRuntimeInfoLength = 4096
 	// The longest process name, in bytes.
 	maxProcessLength = 128
+	// The longest ControlChange.By, in bytes.
+	maxControlByLength = 128
 	// maxCauseLength is the longest failure cause stored by Work.Fail, in
 	// bytes; longer causes are truncated (at a UTF-8 boundary), not refused,
 	// so that a failure is always recorded.

@@ -22,7 +22,7 @@ const MaxCap = 10000
 // recorded in process_control_history, with the session's RuntimeInfo.
 type ControlChange struct {
 	// By is who: an operator's name, or empty for the session's
-	// component (Config.ComponentName). At most 128 bytes, printable.
+	// component (Config.ComponentName). At most 128 bytes of printable UTF-8.
 	By string
 	// Reason is why, free text, truncated as Fail's cause is.
 	Reason string
@@ -92,8 +92,8 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 	if err := ValidateProcess(process); err != nil {
 		return false, err
 	}
-	if len(ch.By) > 128 || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return false, invalidArgument("ControlChange.By %q: must be at most 128 bytes, printable", ch.By)
+	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return false, invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
 	}
 	by := cmp.Or(ch.By, s.conn.cfg.ComponentName)
 	reason := truncateCause(ch.Reason)

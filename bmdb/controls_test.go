@@ -422,7 +422,7 @@ func TestControlsRejectBadInput(t *testing.T) {
 			t.Errorf("PauseProcess(%q) = %v, want ErrInvalidArgument", p, err)
 		}
 	}
-	for _, by := range []string{strings.Repeat("b", 129), "a\x00b"} {
+	for _, by := range []string{strings.Repeat("b", 129), "a\x00b", "a\xffb"} {
 		if _, err := s.PauseProcess(context.Background(), "install", ControlChange{By: by}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "ControlChange.By") {
 			t.Errorf("PauseProcess by %q = %v, want ErrInvalidArgument naming ControlChange.By", by, err)
 		}
