@@ -469,17 +469,10 @@ func backoffCommand(fs *flag.FlagSet) runFunc {
 		if why == "" {
 			why = "cleared by " + runtimeInfo()
 		}
-		conn, err := c.open(ctx)
+		err = c.withSession(ctx, func(sess *bmdb.Session) error {
+			return sess.ClearBackoff(ctx, id, *process, why)
+		})
 		if err != nil {
-			return err
-		}
-		defer conn.Close()
-		sess, err := conn.StartSession(ctx)
-		if err != nil {
-			return err
-		}
-		defer sess.Close(context.WithoutCancel(ctx))
-		if err := sess.ClearBackoff(ctx, id, *process, why); err != nil {
 			return err
 		}
 		t := &table{header: []string{"MACHINE", "PROCESS", "CLEARED"}}

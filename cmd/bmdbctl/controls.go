@@ -86,17 +86,11 @@ func controlFlags(fs *flag.FlagSet) (reason, by *string) {
 // control runs change on a session of its own, and prints whether it
 // changed the controls of process.
 func control(ctx context.Context, c *common, process, action string, change func(*bmdb.Session) (bool, error)) error {
-	conn, err := c.open(ctx)
-	if err != nil {
+	var changed bool
+	err := c.withSession(ctx, func(sess *bmdb.Session) (err error) {
+		changed, err = change(sess)
 		return err
-	}
-	defer conn.Close()
-	sess, err := conn.StartSession(ctx)
-	if err != nil {
-		return err
-	}
-	defer sess.Close(context.WithoutCancel(ctx))
-	changed, err := change(sess)
+	})
 	if err != nil {
 		return err
 	}

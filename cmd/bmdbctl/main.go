@@ -296,6 +296,23 @@ func (c *common) open(ctx context.Context) (*bmdb.Connection, error) {
 	})
 }
 
+// withSession opens a Connection, runs fn on a session of its own, and
+// closes both: for the commands that act (backoff clear, pause, resume,
+// cap), since bmdb's writes go through a live session.
+func (c *common) withSession(ctx context.Context, fn func(*bmdb.Session) error) error {
+	conn, err := c.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	sess, err := conn.StartSession(ctx)
+	if err != nil {
+		return err
+	}
+	defer sess.Close(context.WithoutCancel(ctx))
+	return fn(sess)
+}
+
 // runtimeInfo describes this run of bmdbctl for its session row, the
 // migration lease and a cleared backoff's history: who ran it, where.
 func runtimeInfo() string {
