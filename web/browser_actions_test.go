@@ -113,7 +113,7 @@ func TestBrowserOperatorActions(t *testing.T) {
 		chromedp.Click(`tr[data-process="burn-in"] button[value=cap]`),
 		// Only a capped process's row offers to remove its cap: the page
 		// the cap's POST returns to.
-		chromedp.WaitVisible(`tr[data-process="burn-in"] button[name=cap][value=none]`),
+		chromedp.WaitVisible(`tr[data-process="burn-in"] form.uncap button`),
 		chromedp.Text(`#flash`, &flash),
 	)
 	if err != nil {
@@ -153,5 +153,27 @@ func TestBrowserOperatorActions(t *testing.T) {
 		t.Errorf("screenshot %s: %d bytes, %v", shot, len(png), err)
 	} else {
 		t.Logf("screenshot of the overview with a paused and a capped process: %s", shot)
+	}
+
+	// Remove cap posts its own form: the cap field of the Set cap form,
+	// empty, must not ride along and make the request a bad one.
+	err = chromedp.Run(b,
+		chromedp.Click(`tr[data-process="burn-in"] form.uncap button`),
+		chromedp.WaitNotPresent(`tr[data-process="burn-in"] form.uncap`),
+		chromedp.Text(`#flash`, &flash),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if flash != "burn-in is now without a cap" {
+		t.Errorf("Remove cap said %q, want the cap removed", flash)
+	}
+	var last string
+	if err := f.db.QueryRow(`SELECT process || ':' || action || ':' || COALESCE(claim_cap::text, '-') || ':' || actor
+		FROM process_control_history ORDER BY id DESC LIMIT 1`).Scan(&last); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(last, "burn-in:") || !strings.HasSuffix(last, ":-:alice") {
+		t.Errorf("last recorded change %q, want burn-in's cap removed by alice", last)
 	}
 }

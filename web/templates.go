@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/bmdb"
 )
 
 //go:embed templates/*.html
@@ -25,7 +27,8 @@ func init() {
 }
 
 var funcs = template.FuncMap{
-	"ts": func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
+	"maxCap": func() int { return bmdb.MaxCap },
+	"ts":     func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05Z") },
 	"secs": func(s float64) string {
 		d := time.Duration(s * float64(time.Second))
 		switch {
