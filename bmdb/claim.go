@@ -143,16 +143,22 @@ func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool
 	}
 }
 
-// takeOvers takes, for each request left with no claim, a claim of an
-// expired session over, or gives it its outcome.
-func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
-	s, process := p.b.s, p.b.process
-	claimed := map[uuid.UUID]bool{} // machines claimed in this transaction
+// claimedMachines returns the machines claimed so far in this transaction.
+func (p *claimPass) claimedMachines() map[uuid.UUID]bool {
+	claimed := map[uuid.UUID]bool{}
 	for _, r := range p.reqs {
 		for _, c := range r.claim.claims {
 			claimed[c.machine] = true
 		}
 	}
+	return claimed
+}
+
+// takeOvers takes, for each request left with no claim, a claim of an
+// expired session over, or gives it its outcome.
+func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
+	s, process := p.b.s, p.b.process
+	claimed := p.claimedMachines()
 	for i, r := range p.reqs {
 		c := r.claim
 		if len(c.claims) > 0 {
@@ -202,12 +208,7 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 	capped := errors.Is(p.blocked, ErrCapReached)
 	if capped {
 		p.blocked = nil
-		claimed := map[uuid.UUID]bool{}
-		for _, r := range p.reqs {
-			for _, c := range r.claim.claims {
-				claimed[c.machine] = true
-			}
-		}
+		claimed := p.claimedMachines()
 		for m := range p.used {
 			if !claimed[m] {
 				p.used[m], set[m] = false, true
