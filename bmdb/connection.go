@@ -156,10 +156,7 @@ func (c *Connection) setUp(ctx context.Context) error {
 	}
 	// The schemas (package migrations), read on this pool, with the engine
 	// detected and this Connection's cockroach mode.
-	info := c.cfg.ComponentName
-	if c.cfg.RuntimeInfo != "" {
-		info += " (" + c.cfg.RuntimeInfo + ")"
-	}
+	info := c.cfg.ComponentName + " (" + c.cfg.RuntimeInfo + ")" // RuntimeInfo has its default
 	m, err := migrations.New(c.cfg.DSN, &migrations.Config{Application: c.cfg.Application, HolderInfo: truncateCause(info), NetworkTimeout: c.cfg.NetworkTimeout})
 	if err != nil {
 		return err

@@ -266,10 +266,10 @@ func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: worker.New: conn is nil", bmdb.ErrInvalidArgument)
 	}
-	if err := cfg.Validate(); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
 	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared), ended: make(chan struct{}, 1)}, nil
 }
 
