@@ -109,6 +109,9 @@ func (c *Connection) collectGarbage(ctx context.Context, full bool) (int64, erro
 		var deleted int64
 		var abandoned []string
 		err := c.transact(ctx, serializable, func(tx *Tx) error {
+			// What an attempt that failed to commit found is not this
+			// attempt's: another collector may have deleted it since.
+			expired, deleted, abandoned = nil, 0, nil
 			var err error
 			if bound, err = tx.q.SessionExpiryBound(ctx, grace); err != nil {
 				return fmt.Errorf("bmdb: reading the expiry bound: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/lib/pq"
 
+	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
@@ -282,5 +283,46 @@ func takeoverSkipsGC(t *testing.T, e *env, holder, taker *Session, m uuid.UUID) 
 	took := time.Since(start)
 	if !errors.Is(err, ErrWorkConflict) || took >= testInterval/4 {
 		t.Fatalf("takeover of a session GC is deleting = %v after %v; want ErrWorkConflict at once (lock_timeout %v)", err, took, testInterval/4)
+	}
+}
+
+// A GC attempt whose COMMIT fails, and whose retry finds the session
+// already collected by another component, counts nothing: the count of an
+// attempt that did not commit is not carried into the next one.
+// (TestCollectGarbage met it by chance: six collectors counted 2 deletes.)
+func TestCollectGarbageCountsOnlyWhatItCommitted(t *testing.T) {
+	e := newEnv(t)
+	slowGC := func(c *Config) { c.GCPeriod = time.Hour }
+	// PostgreSQL's attempt, whose COMMIT the hook replaces, in either mode.
+	c, other := e.open(withMode(crdbmode.Settings{}), slowGC), e.open(slowGC)
+	old := e.session(other)
+	e.expireInDB(old.ID(), time.Hour)
+
+	var otherDeleted int64
+	var otherErr error
+	failed := false
+	c.hooks.commit = func(tx *sql.Tx) error {
+		if failed {
+			return tx.Commit()
+		}
+		failed = true
+		if err := tx.Rollback(); err != nil {
+			return err
+		}
+		otherDeleted, otherErr = other.CollectGarbage(context.Background())
+		return injected(codeSerializationFailure, "injected: could not serialize access")
+	}
+	n, err := c.CollectGarbage(context.Background())
+	if err != nil || otherErr != nil {
+		t.Fatalf("CollectGarbage: %v; the other collector's: %v", err, otherErr)
+	}
+	if !failed {
+		t.Fatal("the commit hook never ran")
+	}
+	if n != 0 || otherDeleted != 1 {
+		t.Errorf("the collector whose commit failed counted %d deletes, the one that committed %d; want 0 and 1", n, otherDeleted)
+	}
+	if got := e.count("SELECT count(*) FROM sessions WHERE session_id = $1", old.ID()); got != 0 {
+		t.Errorf("expired session still there (%d rows)", got)
 	}
 }
