@@ -35,7 +35,8 @@ import (
 
 // EnvVar turns the mode on for a test binary: "1" for the defaults, or a
 // comma-separated list of key=value among retry=RATE, ambiguous=RATE,
-// closedts=DURATION and seed=N (rates in [0, 1]).
+// closedts=DURATION, seed=N and version=MAJOR.MINOR (rates in [0, 1];
+// versions as ParseVersion takes them).
 const EnvVar = "BMDB_TEST_COCKROACH"
 
 // Defaults of the injection rates, per statement inside a transaction
@@ -71,6 +72,8 @@ type Settings struct {
 	// migration file after that many of its statements ran (each committed
 	// on its own), once.
 	MigrationFailAfter int
+	// Version is the CockroachDB release emulated (zero: VersionDefault).
+	Version Version
 }
 
 // ClosedTimestampTarget returns s.ClosedTimestamp with its default
@@ -108,8 +111,10 @@ func FromEnv() (Settings, error) {
 				s.Seed, err = strconv.ParseUint(value, 10, 64)
 			case "closedts":
 				s.ClosedTimestamp, err = time.ParseDuration(value)
+			case "version":
+				s.Version, err = ParseVersion(value)
 			default:
-				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts or seed)", key)
+				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed or version)", key)
 			}
 			if err != nil {
 				return Settings{}, fmt.Errorf("%s: %w", EnvVar, err)

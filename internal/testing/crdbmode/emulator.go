@@ -184,8 +184,8 @@ var (
 
 // Answers the emulation gives in CockroachDB's stead.
 const (
-	versionQuery  = "SELECT version()"
-	versionAnswer = "CockroachDB CCL v24.3.0 (emulated by bmdb's cockroach mode on PostgreSQL)"
+	versionQuery        = "SELECT version()"
+	versionAnswerFormat = "CockroachDB CCL v%s.0 (emulated by bmdb's cockroach mode on PostgreSQL)"
 	// The spread key of work_history (bmdb's migrations on CockroachDB):
 	// its check answers in place, its DDL is taken and does nothing.
 	spreadCheckMark = "unordered_unique_rowid"
@@ -235,7 +235,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 }
 
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	if answer, ok := canned(query); ok {
+	if answer, ok := c.e.canned(query); ok {
 		return answer, nil
 	}
 	if done, _, err := c.intercept(ctx, query, args); done {
@@ -679,7 +679,7 @@ func (s *stmt) ExecContext(ctx context.Context, args []driver.NamedValue) (drive
 }
 
 func (s *stmt) QueryContext(ctx context.Context, args []driver.NamedValue) (driver.Rows, error) {
-	if answer, ok := canned(s.query); ok {
+	if answer, ok := s.c.e.canned(s.query); ok {
 		return answer, nil
 	}
 	if done, _, err := s.c.intercept(ctx, s.query, args); done {
@@ -700,11 +700,11 @@ func namedValues(args []driver.Value) []driver.NamedValue {
 }
 
 // canned returns the emulation's answer to query, if it answers it.
-func canned(query string) (driver.Rows, bool) {
+func (e *Emulator) canned(query string) (driver.Rows, bool) {
 	q := strings.TrimSpace(query)
 	switch {
 	case q == versionQuery:
-		return &oneValue{column: "version", value: versionAnswer}, true
+		return &oneValue{column: "version", value: fmt.Sprintf(versionAnswerFormat, e.s.Version)}, true
 	case strings.Contains(q, spreadCheckMark) && strings.Contains(q, "information_schema.columns"):
 		return &oneValue{column: "count", value: int64(1)}, true
 	}
