@@ -305,10 +305,12 @@ func packageConsts(files []*ast.File) map[string]bool {
 // the bench's waitUntil polls the constant query it is given, and
 // cockroach mode's emulator (crdbmode's emulator.go, test tooling) passes
 // every query on and runs the statements of migration files, a probe of
-// a session row by its parsed UUID and BEGIN with constant options.
+// a session row by its parsed UUID and BEGIN with constant options, and
+// its lock at fetch (locking.go) the lock models it derives from bmdb's
+// own statements' text, with their parameters.
 var forwarders = map[string]bool{
 	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
-	"procs.go:waitUntil": true,
+	"procs.go:waitUntil": true, "locking.go:lockAtFetch": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query

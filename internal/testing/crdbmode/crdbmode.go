@@ -35,8 +35,8 @@ import (
 
 // EnvVar turns the mode on for a test binary: "1" for the defaults, or a
 // comma-separated list of key=value among retry=RATE, ambiguous=RATE,
-// closedts=DURATION, seed=N and version=MAJOR.MINOR (rates in [0, 1];
-// versions as ParseVersion takes them).
+// closedts=DURATION, seed=N, version=MAJOR.MINOR and clockoffset=DURATION
+// (rates in [0, 1]; versions as ParseVersion takes them).
 const EnvVar = "BMDB_TEST_COCKROACH"
 
 // Defaults of the injection rates, per statement inside a transaction
@@ -74,6 +74,11 @@ type Settings struct {
 	MigrationFailAfter int
 	// Version is the CockroachDB release emulated (zero: VersionDefault).
 	Version Version
+	// ClockOffset shifts the clock the Emulator's connections read
+	// (now(), statement_timestamp(), clock_timestamp()), as a gateway
+	// node's clock may be off from another's by up to the cluster's
+	// maximum offset (locking.go).
+	ClockOffset time.Duration
 }
 
 // ClosedTimestampTarget returns s.ClosedTimestamp with its default
@@ -113,8 +118,10 @@ func FromEnv() (Settings, error) {
 				s.ClosedTimestamp, err = time.ParseDuration(value)
 			case "version":
 				s.Version, err = ParseVersion(value)
+			case "clockoffset":
+				s.ClockOffset, err = time.ParseDuration(value)
 			default:
-				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed or version)", key)
+				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed, version or clockoffset)", key)
 			}
 			if err != nil {
 				return Settings{}, fmt.Errorf("%s: %w", EnvVar, err)
@@ -143,6 +150,7 @@ const (
 	Refresh                       // 40001 at RELEASE: read refresh failed
 	MigrationFailures             // a migration file stopped half-way
 	ReadWaits                     // a read timed out waiting for a writer or an exclusive lock
+	LocksAtFetch                  // a locking read's fetched rows locked before its filters (not an error)
 	kinds
 )
 
@@ -156,6 +164,6 @@ func (c *Counts) Of(kind Kind) int64 { return c.n[kind].Load() }
 
 // Report returns the counts as one line.
 func (c *Counts) Report() string {
-	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer or a lock",
-		c.Of(Retryable), c.Of(Ambiguous), c.Of(ConnLoss), c.Of(Refresh), c.Of(ReadWaits))
+	return fmt.Sprintf("cockroach mode: injected %d retryable (40001), %d ambiguous (40003), %d lost connections at commit, %d failed read refreshes, %d reads timed out waiting for a writer or a lock; locked at fetch %d times",
+		c.Of(Retryable), c.Of(Ambiguous), c.Of(ConnLoss), c.Of(Refresh), c.Of(ReadWaits), c.Of(LocksAtFetch))
 }

@@ -71,6 +71,7 @@ type Emulator struct {
 	nextCommit atomic.Int32 // the fate of the next commit point (tests); CommitAsIs: chance
 	failAfter  atomic.Int32 // fails the next migration file after that many statements, once
 	hook       func(query string) error
+	slow       map[string]time.Duration // per element of a statement's array argument, by sqlc name (Slow)
 }
 
 // New returns an Emulator with s's injections, counting them in counts
@@ -114,6 +115,45 @@ func (e *Emulator) NextCommit(fate CommitFate) { e.nextCommit.Store(int32(fate))
 // non-nil error fails the statement unsent. Set it before the pool is
 // used: it is not synchronised.
 func (e *Emulator) Hook(fn func(query string) error) { e.hook = fn }
+
+// Slow makes every statement named name (its sqlc name, as in "--
+// name: WorkAbandonOfSessions") take perElement longer for each element
+// of its first array argument, as a statement whose cost grows with its
+// input does on a loaded cluster: tests of work that must progress within
+// a budget however slow the server. Set it before the pool is used: it is
+// not synchronised.
+func (e *Emulator) Slow(name string, perElement time.Duration) {
+	if e.slow == nil {
+		e.slow = map[string]time.Duration{}
+	}
+	e.slow["-- name: "+name+" "] = perElement
+}
+
+// delay sleeps as Slow asks for q with args, bounded by ctx.
+func (e *Emulator) delay(ctx context.Context, q string, args []driver.NamedValue) error {
+	for prefix, per := range e.slow {
+		if !strings.HasPrefix(q, prefix) {
+			continue
+		}
+		for _, a := range args {
+			if v, ok := a.Value.(string); ok && strings.HasPrefix(v, "{") {
+				n := strings.Count(v, ",") + 1
+				if v == "{}" {
+					n = 0
+				}
+				t := time.NewTimer(time.Duration(n) * per)
+				defer t.Stop()
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				break
+			}
+		}
+	}
+	return nil
+}
 
 // CommitFate is what the emulator does at a transaction's commit point.
 type CommitFate int32
@@ -167,6 +207,12 @@ type conn struct {
 	lost bool
 }
 
+// CockroachDB's statements of bmdb's GC listing (bmdb/gc.go).
+const (
+	sqlFollowerRead   = "SET TRANSACTION AS OF SYSTEM TIME follower_read_timestamp()"
+	sqlAllowFullScans = "SET LOCAL disallow_full_table_scans = off"
+)
+
 // Statements crdb.ExecuteInTx runs around a transaction's callback.
 const (
 	sqlSavepoint = "SAVEPOINT cockroach_restart"
@@ -197,6 +243,7 @@ const (
 var settingNames = map[string]bool{
 	"enable_shared_locking_for_serializable":  true,
 	"enable_durable_locking_for_serializable": true,
+	"optimizer_use_lock_op_for_serializable":  true,
 }
 
 const placeholderPrefix = "crdb."
@@ -206,7 +253,7 @@ func (c *conn) Prepare(query string) (driver.Stmt, error) {
 }
 
 func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, error) {
-	st, err := c.pq.PrepareContext(ctx, localIdleTimeout(query))
+	st, err := c.pq.PrepareContext(ctx, c.e.rewrite(query))
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +277,7 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 	if done, res, err := c.intercept(ctx, query, args); done {
 		return res, err
 	}
-	query, args = placeholders(localIdleTimeout(query), args)
+	query, args = placeholders(c.e.rewrite(query), args)
 	return c.pq.ExecContext(ctx, query, args)
 }
 
@@ -244,7 +291,7 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 		}
 		return nil, err
 	}
-	query, args = placeholders(localIdleTimeout(query), args)
+	query, args = placeholders(c.e.rewrite(query), args)
 	return c.pq.QueryContext(ctx, query, args)
 }
 
@@ -278,6 +325,14 @@ func (c *conn) intercept(ctx context.Context, query string, args []driver.NamedV
 		return false, nil, nil
 	}
 	switch q {
+	case sqlFollowerRead:
+		// A read at follower_read_timestamp(): PostgreSQL reads the
+		// present, which a read a few seconds old differs from only in
+		// what it sees of the last seconds' writes.
+		return true, driver.RowsAffected(0), nil
+	case sqlAllowFullScans:
+		_, err := c.pq.ExecContext(ctx, "SET LOCAL "+placeholderPrefix+"disallow_full_table_scans = off", nil)
+		return true, driver.RowsAffected(0), err
 	case sqlSavepoint:
 		c.tx.crdb = true
 		return false, nil, nil
@@ -302,6 +357,9 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 			return err
 		}
 	}
+	if err := e.delay(ctx, q, args); err != nil {
+		return err
+	}
 	c.tx.bmdb = c.tx.bmdb || strings.HasPrefix(q, "-- name: ")
 	for _, p := range sessionReads {
 		if strings.HasPrefix(q, p) {
@@ -317,8 +375,13 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 			}
 		}
 	}
-	if c.tx.crdb && plainRead(q) {
-		if err := c.waitForLocks(ctx, q, args); err != nil {
+	if plain := sharedLocks(q); c.tx.crdb && plainRead(plain) {
+		if err := c.waitForLocks(ctx, plain, args); err != nil {
+			return err
+		}
+	}
+	if c.tx.crdb {
+		if err := c.lockAtFetch(ctx, q, args); err != nil {
 			return err
 		}
 	}
@@ -707,6 +770,10 @@ func (e *Emulator) canned(query string) (driver.Rows, bool) {
 		return &oneValue{column: "version", value: fmt.Sprintf(versionAnswerFormat, e.s.Version)}, true
 	case strings.Contains(q, spreadCheckMark) && strings.Contains(q, "information_schema.columns"):
 		return &oneValue{column: "count", value: int64(1)}, true
+	case q == "SHOW CLUSTER SETTING kv.closed_timestamp.target_duration":
+		return &oneValue{column: "kv.closed_timestamp.target_duration", value: e.s.ClosedTimestampTarget().String()}, true
+	case q == "SHOW CLUSTER SETTING kv.lock.exclusive_locks_block_non_locking_reads.enabled":
+		return &oneValue{column: "kv.lock.exclusive_locks_block_non_locking_reads.enabled", value: "true"}, true
 	}
 	return nil, false
 }
