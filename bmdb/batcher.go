@@ -43,6 +43,7 @@ type batcher struct {
 	ended      chan struct{} // capacity maxRunning: a batch goroutine returned
 	fences     *fencer       // creates the claim rows of candidates ahead of their claims
 	controlled atomic.Bool   // the process's controls row is known to exist (ensureControls)
+	lastSweep  atomic.Int64  // when a claim last swept the process's expired claims (sweepDue), in Unix nanoseconds
 
 	running int // owned by run: batch goroutines not yet returned
 
@@ -130,6 +131,18 @@ func (b *batcher) leave(r *request) bool {
 		}
 	}
 	return true
+}
+
+// sweepDue reports whether the next claim statement should find every
+// claim of the process held by an expired session, not only those among
+// its candidates (claimPass.run), and notes it: once every quarter of a
+// session interval, so that a dead worker's claims of the process end
+// about that soon after its deadline whatever the retrievals return, at
+// the cost of reading the process's claims (work_process_idx) that often.
+func (b *batcher) sweepDue() bool {
+	now := time.Now().UnixNano()
+	last := b.lastSweep.Load()
+	return now-last >= int64(b.s.interval/4) && b.lastSweep.CompareAndSwap(last, now)
 }
 
 // run is the batcher's goroutine: it starts a batch goroutine for what is

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 
+	"math/rand/v2"
+
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
@@ -39,29 +41,44 @@ type claimPass struct {
 	b          *batcher
 	reqs       []*request
 	candidates [][]uuid.UUID      // each request's, distinct, in its order
-	used       map[uuid.UUID]bool // candidates tried
+	used       map[uuid.UUID]bool // candidates offered to a claim statement
 	checks     *checks            // the attempt's session checks
 	blocked    error              // ErrProcessPaused or ErrCapReached, if the last claim statement found so
+
+	// What the first claim statement read of every candidate (inspect):
+	// those without a claim row, and the claims of expired sessions among
+	// them (or holding a slot of a capped process) that the pass takes over.
+	inspect         []uuid.UUID // the candidates of every request; nil once read
+	sweep           bool        // the first statement also finds every expired claim of the process
+	unfenced        map[uuid.UUID]bool
+	expiredMachines []uuid.UUID
+	expiredSessions []uuid.UUID
+	abandoned       []string // processes of the claims its takeovers ended
 }
 
 func (b *batcher) newClaimPass(reqs []*request, c *checks) *claimPass {
-	return &claimPass{b: b, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{}, checks: c}
+	return &claimPass{b: b, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{},
+		checks: c, unfenced: map[uuid.UUID]bool{}}
 }
 
-// run runs every request's retrieve, and hands their candidates to the
-// fencer; then, in rounds of one statement, claims for each the first of
-// its candidates that no other request took and that are free, up to its
-// limit (the first statement is also the session check, so that the
-// retrievals' snapshot is as fresh as can be when the candidates are
-// locked); then, unless the process is paused or at its cap (which gives
-// each request left with none ErrProcessPaused or ErrCapReached), takes a
-// claim of an expired session over for each request left with none. A
-// request's ErrNothingToDo, ErrWorkConflict or ErrUnknownMachine is its
-// own outcome; any other error fails the attempt. A request left with nothing but candidates without a claim row
+// run runs every request's retrieve; then, in rounds of one statement,
+// claims for each the first of its candidates that no other request took
+// and that are free, up to its limit (the first statement is also the
+// session check, so that the retrievals' snapshot is as fresh as can be
+// when the candidates are locked). If that statement found claims of
+// expired sessions among the candidates (or holding the slots of a capped
+// process), it claimed nothing: the pass takes those sessions over, which
+// ends their claims as Abandoned, and claims again, the freed machines
+// first, so that a dead worker's machines are worked again at the first
+// claim that sees them. Then each request left with none gets its outcome
+// (diagnose): ErrProcessPaused or ErrCapReached, ErrNothingToDo,
+// ErrWorkConflict or ErrUnknownMachine; any other error fails the
+// attempt. A request left with nothing but candidates without a claim row
 // has their rows made, once, and the attempt runs again (errRerun): its
 // snapshot cannot see them.
 func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 	b := p.b
+	seen := map[uuid.UUID]bool{}
 	for i, r := range p.reqs {
 		c := r.claim
 		c.claims, c.abandoned, c.err = nil, nil, nil
@@ -74,10 +91,28 @@ func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", b.process, err)
 		}
 		p.candidates[i] = distinct(ids)
-		b.fences.ahead(p.candidates[i])
+		for _, m := range p.candidates[i] {
+			if !seen[m] {
+				seen[m] = true
+				p.inspect = append(p.inspect, m)
+			}
+		}
 	}
-	if err := p.rounds(ctx, tx, func(uuid.UUID) bool { return true }); err != nil {
+	p.sweep = b.sweepDue()
+	if err := p.rounds(ctx, tx, func(uuid.UUID) bool { return true }, true); err != nil {
 		return err
+	}
+	if len(p.unfenced) > 0 {
+		ids := make([]uuid.UUID, 0, len(p.unfenced))
+		for m := range p.unfenced {
+			ids = append(ids, m)
+		}
+		b.fences.ahead(ids)
+	}
+	if len(p.expiredSessions) > 0 {
+		if err := p.takeOver(ctx, tx); err != nil {
+			return err
+		}
 	}
 	if !p.checks.first {
 		if err := b.s.check(ctx, tx); err != nil {
@@ -85,27 +120,23 @@ func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 		}
 		p.checks.first = true
 	}
-	if p.blocked != nil {
-		// Paused, or no slot free under the cap: a takeover could not
-		// claim either (GC ends expired sessions' claims).
-		for _, r := range p.reqs {
-			if len(r.claim.claims) == 0 {
-				r.claim.err = fmt.Errorf("%w (process %q)", p.blocked, b.process)
-			}
-		}
-		return nil
-	}
-	return p.takeOvers(ctx, tx)
+	return p.diagnose(ctx, tx)
 }
 
 // rounds claims, in rounds of one statement, for each request the first
 // of its untried candidates (among those may allows) that are free, up to
-// its limit. A request alone offers the statement all its candidates, of
-// which it claims the first free ones up to the limit, in one round; of
-// several, each offers as many as it needs, and the next round the next
-// ones, so that each gets its own.
-func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool) error {
+// its limit. Each request offers the statement as many candidates as it
+// needs, and the next round the next ones, so that each gets its own;
+// on PostgreSQL a request alone offers all its candidates, of which the
+// statement claims the first free ones, in one round: PostgreSQL locks
+// only the rows it claims. On CockroachDB a locking read locks every row
+// its scan fetches (WorkClaimMany), so a statement is offered no more
+// candidates than it may claim, however many were retrieved. With
+// preferExpired, a statement that finds claims of expired sessions among
+// the candidates claims nothing and ends the rounds (run takes those over).
+func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool, preferExpired bool) error {
 	next := make([]int, len(p.reqs))
+	lone := len(p.reqs) == 1 && p.b.s.conn.engine != engineCockroach
 	for {
 		var picks []uuid.UUID
 		owner := map[uuid.UUID]*claimRequest{}
@@ -114,12 +145,12 @@ func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool
 			need := r.claim.limit - len(r.claim.claims)
 			want += max(need, 0)
 			offer := need
-			if len(p.reqs) == 1 {
+			if lone {
 				offer = len(p.candidates[i])
 			}
 			for ; offer > 0 && need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
 				m := p.candidates[i][next[i]]
-				if p.used[m] || !may(m) {
+				if p.used[m] || p.unfenced[m] || !may(m) {
 					continue
 				}
 				p.used[m], owner[m] = true, r.claim
@@ -127,20 +158,70 @@ func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool
 				offer--
 			}
 		}
-		if len(picks) == 0 {
+		if len(picks) == 0 && p.inspect == nil && !p.sweep {
 			return nil
 		}
-		got, ctl, err := p.b.s.claimMany(ctx, tx, p.b.process, picks, min(want, len(picks)), p.checks)
+		got, st, err := p.b.s.claimMany(ctx, tx, p.b.process, claimArgs{
+			offer: picks, inspect: p.inspect, limit: min(want, len(picks)), preferExpired: preferExpired, sweep: p.sweep,
+		}, p.checks)
 		if err != nil {
 			return err
 		}
-		if p.blocked = ctl.blocked(); p.blocked != nil && len(got) == 0 {
+		p.inspect, p.sweep = nil, false
+		for _, m := range st.unfenced {
+			p.unfenced[m] = true
+		}
+		if preferExpired && len(st.expiredSessions) > 0 {
+			p.expiredMachines, p.expiredSessions = st.expiredMachines, st.expiredSessions
+			return nil
+		}
+		if p.blocked = st.controls.blocked(); p.blocked != nil && len(got) == 0 {
 			return nil
 		}
 		for _, c := range got {
 			owner[c.machine].claims = append(owner[c.machine].claims, c)
 		}
 	}
+}
+
+// takeOver supersedes the expired sessions the first claim statement
+// found holding candidates (or slots), each skipped if another takeover or
+// a GC is superseding it, and claims again: the machines they held first,
+// then every candidate not claimed.
+func (p *claimPass) takeOver(ctx context.Context, tx *Tx) error {
+	s, process := p.b.s, p.b.process
+	for _, holder := range p.expiredSessions {
+		abandoned, err := s.takeOver(ctx, tx, process, holder)
+		if err != nil {
+			return err
+		}
+		p.abandoned = append(p.abandoned, abandoned...)
+	}
+	if len(p.reqs) > 0 {
+		p.reqs[0].claim.abandoned = p.abandoned
+	}
+	first := map[uuid.UUID]bool{}
+	for _, m := range p.expiredMachines {
+		first[m] = true
+	}
+	for i, cands := range p.candidates {
+		reordered := make([]uuid.UUID, 0, len(cands))
+		for _, m := range cands {
+			if first[m] {
+				reordered = append(reordered, m)
+			}
+		}
+		for _, m := range cands {
+			if !first[m] {
+				reordered = append(reordered, m)
+			}
+		}
+		p.candidates[i] = reordered
+	}
+	claimed := p.claimedMachines()
+	clear(p.used)
+	p.blocked = nil
+	return p.rounds(ctx, tx, func(m uuid.UUID) bool { return !claimed[m] }, false)
 }
 
 // claimedMachines returns the machines claimed so far in this transaction.
@@ -154,9 +235,14 @@ func (p *claimPass) claimedMachines() map[uuid.UUID]bool {
 	return claimed
 }
 
-// takeOvers takes, for each request left with no claim, a claim of an
-// expired session over, or gives it its outcome.
-func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
+// diagnose gives each request left with no claim its outcome: the
+// controls' (paused, at its cap), or, once its candidates without a claim
+// row have had theirs made (and the attempt ran again: errRerun), what its
+// candidates' states say: ErrWorkConflict if one is claimed by a live
+// session or being claimed or superseded by another transaction (machines
+// others are working on), ErrUnknownMachine if none is and one is not a
+// machine, ErrNothingToDo otherwise (all in backoff, or none).
+func (p *claimPass) diagnose(ctx context.Context, tx *Tx) error {
 	s, process := p.b.s, p.b.process
 	claimed := p.claimedMachines()
 	for i, r := range p.reqs {
@@ -164,35 +250,45 @@ func (p *claimPass) takeOvers(ctx context.Context, tx *Tx) error {
 		if len(c.claims) > 0 {
 			continue
 		}
-		rest := make([]uuid.UUID, 0, len(p.candidates[i]))
+		if p.blocked != nil {
+			// Paused, or no slot free under the cap.
+			c.err = fmt.Errorf("%w (process %q)", p.blocked, process)
+			continue
+		}
+		var rest, unfenced []uuid.UUID
 		for _, m := range p.candidates[i] {
-			if !claimed[m] {
+			switch {
+			case claimed[m]:
+			case p.unfenced[m]:
+				unfenced = append(unfenced, m)
+			default:
 				rest = append(rest, m)
 			}
 		}
-		got, abandoned, unfenced, err := s.takeOverFirst(ctx, tx, process, rest, p.checks)
-		switch {
-		case err == nil:
-			c.claims, c.abandoned = []claim{got}, abandoned
-			claimed[got.machine] = true
-			continue
-		case errors.Is(err, ErrUnknownMachine):
-		case !errors.Is(err, ErrNothingToDo) && !errors.Is(err, ErrWorkConflict):
-			return err
-		case len(unfenced) > 0 && !c.fenced:
+		if len(unfenced) > 0 && !c.fenced {
 			if err := p.b.fences.ensure(ctx, unfenced); err != nil {
 				return fmt.Errorf("bmdb: Work(%q): %w", process, err)
 			}
 			c.fenced = true
 			return errRerun
-		case len(unfenced) > 0 || len(rest) < len(p.candidates[i]):
-			// Being made by another session, or taken by other calls
-			// of this batch: claimed.
+		}
+		err := s.whyNothing(ctx, tx, process, append(rest, unfenced...))
+		if err != nil && !isOutcome(err) {
+			return err
+		}
+		if errors.Is(err, ErrNothingToDo) && len(rest)+len(unfenced) < len(p.candidates[i]) {
+			// Taken by other calls of this batch: claimed.
 			err = fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 		}
 		c.err = err
 	}
 	return nil
+}
+
+// isOutcome reports whether err is a claim request's own outcome rather
+// than a failure of the attempt.
+func isOutcome(err error) bool {
+	return errors.Is(err, ErrNothingToDo) || errors.Is(err, ErrWorkConflict) || errors.Is(err, ErrUnknownMachine)
 }
 
 // claimFreed claims, for the requests that want more, those of their
@@ -223,7 +319,7 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 	if len(set) == 0 {
 		return nil
 	}
-	if err := p.rounds(ctx, tx, func(m uuid.UUID) bool { return set[m] }); err != nil {
+	if err := p.rounds(ctx, tx, func(m uuid.UUID) bool { return set[m] }, false); err != nil {
 		return err
 	}
 	for _, r := range p.reqs {
@@ -234,48 +330,69 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 	return nil
 }
 
-// claimMany claims, with one WorkClaimMany, up to limit of machines (the
-// first, in their order) that are neither claimed for process nor in
+// claimArgs are what one claim statement is given.
+type claimArgs struct {
+	offer         []uuid.UUID // the candidates it may lock and claim, in order
+	inspect       []uuid.UUID // the candidates it reads for rows and expired claims (the first statement of a pass)
+	limit         int         // the most it claims
+	preferExpired bool        // claim nothing if it finds claims of expired sessions
+	sweep         bool        // find every claim of the process held by an expired session
+}
+
+// claimState is what a claim statement found besides its claims.
+type claimState struct {
+	controls        controls
+	unfenced        []uuid.UUID // inspected candidates without a claim row
+	expiredMachines []uuid.UUID // inspected candidates held by expired sessions
+	expiredSessions []uuid.UUID // those sessions, and expired holders of the process's slots
+}
+
+// claimMany claims, with one claim statement, up to a.limit of a.offer
+// (the first, in their order) that are neither claimed for process nor in
 // backoff for it nor being claimed or ended by another transaction, as the
 // process's controls allow, and returns the claims made, in the order of
-// machines, and the controls as the statement found them. The statement
+// the offer, and what the statement found (claimState). The statement
 // checks the session too (checked, c): it fails with the session's error
 // if it has ended. A process without a controls row has it made, and the
-// attempt runs again (errRerun).
+// attempt runs again (errRerun). On CockroachDB the statement is
+// WorkClaimManyArbitrated, whose slots are not locked (lock at fetch would
+// lock them all), on PostgreSQL WorkClaimMany.
 //
 // Under snapshot isolation (PostgreSQL's REPEATABLE READ) the statement
-// fails with 40001 if one of machines was claimed or ended by a
-// transaction that committed after this one's snapshot (first committer
+// fails with 40001 if one of the offered machines was claimed or ended by
+// a transaction that committed after this one's snapshot (first committer
 // wins: WorkClaimMany), or the process's controls were changed: a
 // retrieval that read before that commit returned it. claimMany returns
 // that as errStale: the attempt runs again, at once, with a snapshot that
 // sees the commit, and its retrievals do too.
-func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machines []uuid.UUID, limit int, c *checks) ([]claim, controls, error) {
+func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, a claimArgs, c *checks) ([]claim, claimState, error) {
 	c.last = false
-	rows, err := tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
-		MachineIds: machines, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
-		MaxClaims: int64(limit), MaxIdleMs: s.maxIdleMs(),
-	})
+	rows, err := s.claimStatement(ctx, tx, process, a)
 	switch {
 	case err == nil:
 	case s.conn.batchTx == snapshot && sqlState(err) == codeSerializationFailure:
 		s.conn.stats.process(process).stale.Add(1)
-		return nil, controls{}, fmt.Errorf("%w: %w", errStale, err)
+		return nil, claimState{}, fmt.Errorf("%w: %w", errStale, err)
 	default:
-		return nil, controls{}, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(machines), err)
+		return nil, claimState{}, fmt.Errorf("bmdb: Work(%q): claiming %d machines: %w", process, len(a.offer), err)
 	}
 	if err := s.checked(c, len(rows) > 0 && rows[0].Alive); err != nil { // the statement is a session check too
-		return nil, controls{}, err
+		return nil, claimState{}, err
 	}
 	head := rows[0]
-	ctl := controls{paused: head.Paused, cap: head.ClaimCap.Int64, freeSlots: head.FreeSlots}
+	st := claimState{
+		controls:        controls{paused: head.Paused, cap: head.ClaimCap.Int64, freeSlots: head.FreeSlots},
+		unfenced:        head.Unfenced,
+		expiredMachines: head.ExpiredMachines,
+		expiredSessions: head.ExpiredSessions,
+	}
 	if !head.Controlled {
 		if err := s.ensureControls(ctx, process); err != nil {
-			return nil, ctl, fmt.Errorf("bmdb: Work(%q): %w", process, err)
+			return nil, st, fmt.Errorf("bmdb: Work(%q): %w", process, err)
 		}
-		return nil, ctl, errRerun
+		return nil, st, errRerun
 	}
-	s.conn.stats.process(process).sawControls(ctl)
+	s.conn.stats.process(process).sawControls(st.controls)
 	byMachine := make(map[uuid.UUID]claim, len(rows))
 	for _, r := range rows {
 		if r.MachineID.Valid {
@@ -283,19 +400,43 @@ func (s *Session) claimMany(ctx context.Context, tx *Tx, process string, machine
 		}
 	}
 	var claimed []claim
-	for _, m := range machines {
+	for _, m := range a.offer {
 		if c, ok := byMachine[m]; ok {
 			claimed = append(claimed, c)
 		}
 	}
-	return claimed, ctl, nil
+	return claimed, st, nil
+}
+
+// claimStatement runs the engine's claim statement with a.
+func (s *Session) claimStatement(ctx context.Context, tx *Tx, process string, a claimArgs) ([]store.WorkClaimManyRow, error) {
+	offer := a.offer
+	if offer == nil {
+		offer = []uuid.UUID{}
+	}
+	if s.conn.engine != engineCockroach {
+		return tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
+			Candidates: a.inspect, Offer: offer, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+			MaxClaims: int64(a.limit), PreferExpired: a.preferExpired, Sweep: a.sweep, MaxIdleMs: s.maxIdleMs(),
+		})
+	}
+	rows, err := tx.q.WorkClaimManyArbitrated(ctx, store.WorkClaimManyArbitratedParams{
+		Candidates: a.inspect, Offer: offer, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+		MaxClaims: int64(a.limit), PreferExpired: a.preferExpired, Sweep: a.sweep, MaxIdleMs: s.maxIdleMs(),
+		SlotStart: rand.Int64N(MaxCap),
+	})
+	out := make([]store.WorkClaimManyRow, len(rows))
+	for i, r := range rows {
+		out[i] = store.WorkClaimManyRow(r)
+	}
+	return out, err
 }
 
 // controls are a process's fleet controls as a claim statement found them.
 type controls struct {
 	paused    bool
 	cap       int64 // 0: none
-	freeSlots int64 // slots below the cap the statement locked
+	freeSlots int64 // slots below the cap the statement took
 }
 
 // blocked returns why the controls let the statement claim nothing:
@@ -314,84 +455,57 @@ func (c controls) blocked() error {
 // that another transaction claimed or ended after its snapshot.
 var errStale = fmt.Errorf("%w: a candidate was claimed or ended after the snapshot", errRerun)
 
-// takeOverFirst takes over the first candidate whose claim is held by an
-// expired session, or says why no candidate can be claimed: ErrWorkConflict
-// if one is claimed by a live session or being claimed by another
-// transaction (machines another process is working on), ErrNothingToDo if
-// all are in backoff or have no claim row yet (unfenced, which it
-// returns), ErrUnknownMachine if one is not a machine. It reads the
-// candidates' states in one statement, and returns the processes of the
-// claims it ended as Abandoned.
-func (s *Session) takeOverFirst(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID, c *checks) (_ claim, abandoned []string, unfenced []uuid.UUID, _ error) {
+// whyNothing says why none of candidates, which a claim statement could
+// not claim, can be claimed, reading their states in one statement:
+// ErrWorkConflict if one is claimed by a live session or being claimed
+// (or superseded) by another transaction, ErrUnknownMachine if none is and
+// one is not a machine, ErrNothingToDo if all are in backoff or have no
+// claim row yet (or there are none).
+func (s *Session) whyNothing(ctx context.Context, tx *Tx, process string, candidates []uuid.UUID) error {
 	if len(candidates) == 0 {
-		return claim{}, nil, nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+		return fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 	}
-	c.last = false
 	states, err := tx.q.WorkClaimStates(ctx, store.WorkClaimStatesParams{MachineIds: candidates, Process: process})
 	if err != nil {
-		return claim{}, nil, nil, fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
+		return fmt.Errorf("bmdb: Work(%q): reading the claims of %d candidates: %w", process, len(candidates), err)
 	}
+	var unknown error
 	for i, state := range states {
-		if !state.Known {
-			return claim{}, nil, nil, fmt.Errorf("%w: retrieve returned %s for %q, which is not in the machines table", ErrUnknownMachine, candidates[i], process)
-		}
-	}
-	conflict := false
-	for i, state := range states {
-		machine := candidates[i]
 		switch {
+		case !state.Known:
+			if unknown == nil {
+				unknown = fmt.Errorf("%w: retrieve returned %s for %q, which is not in the machines table", ErrUnknownMachine, candidates[i], process)
+			}
 		case state.InBackoff:
-			continue
-		case !state.Fenced && !state.Holder.Valid:
-			unfenced = append(unfenced, machine)
-			continue
-		case !state.Holder.Valid || state.HolderLive || state.Holder.UUID == s.id:
-			conflict = true
-			continue
+		case state.Holder.Valid || state.Fenced:
+			// Held (by a live session, by this one, or by an expired one
+			// another transaction is superseding), or its claim row is
+			// locked by a claim or an end in flight.
+			return fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 		}
-		abandoned, err := s.takeOver(ctx, tx, process, machine, state.Holder.UUID)
-		if err != nil {
-			return claim{}, nil, nil, err
-		}
-		if abandoned == nil { // the holder came back to life, or went: try the next
-			conflict = true
-			continue
-		}
-		got, _, err := s.claimMany(ctx, tx, process, []uuid.UUID{machine}, 1, c)
-		if err != nil {
-			return claim{}, nil, nil, err
-		}
-		if len(got) == 0 { // being claimed by another transaction
-			conflict = true
-			continue
-		}
-		return got[0], abandoned, nil, nil
 	}
-	if conflict {
-		return claim{}, nil, unfenced, fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
+	if unknown != nil {
+		return unknown
 	}
-	return claim{}, nil, unfenced, fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
+	return fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
-// takeOver supersedes the expired session holding (machine, process): it
-// locks the session row, ends all its claims as Abandoned and deletes it
-// (see Mechanism in the package doc for how this orders the holder's open
-// transactions). It returns the processes of the claims ended, or nil if
-// holder is alive or gone by now.
-func (s *Session) takeOver(ctx context.Context, tx *Tx, process string, machine, holder uuid.UUID) ([]string, error) {
+// takeOver supersedes the expired session holder: it locks the session
+// row, ends all its claims as Abandoned and deletes it (see Mechanism in
+// the package doc for how this orders the holder's open transactions). It
+// returns the processes of the claims ended, none if holder is alive, gone
+// by now, or being superseded by another transaction (SKIP LOCKED).
+func (s *Session) takeOver(ctx context.Context, tx *Tx, process string, holder uuid.UUID) ([]string, error) {
 	_, err := tx.q.SessionLockIfExpired(ctx, holder)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bmdb: Work(%q): taking %s over from session %s: %w", process, machine, holder, err)
+		return nil, fmt.Errorf("bmdb: Work(%q): taking over from session %s: %w", process, holder, err)
 	}
 	abandoned, _, err := supersede(ctx, tx, []uuid.UUID{holder})
 	if err != nil {
-		return nil, fmt.Errorf("bmdb: Work(%q): taking %s over from session %s: %w", process, machine, holder, err)
-	}
-	if abandoned == nil {
-		abandoned = []string{}
+		return nil, fmt.Errorf("bmdb: Work(%q): taking over from session %s: %w", process, holder, err)
 	}
 	return abandoned, nil
 }

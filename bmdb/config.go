@@ -22,7 +22,6 @@ const (
 
 	// The defaults of Config's fields, stated on each field.
 	sessionIntervalDefault      = 5 * time.Second
-	gcPeriodDefault             = 30 * time.Second
 	maxTxAttemptsDefault        = 100
 	maxIdleConnsDefault         = 32
 	maxBatchSizeDefault         = 100
@@ -78,14 +77,24 @@ type Config struct {
 
 	// GCPeriod is how often each live session deletes sessions that expired
 	// more than GCGracePeriod ago (recording Abandoned history for their
-	// claims). Each wait is jittered by up to 25%. Must be positive when set.
-	// Defaults to 30 s.
+	// claims). Each wait is jittered by up to 25%. Claims of expired
+	// sessions do not wait for it: the first claim that meets one among its
+	// candidates takes its session over. It bounds how long a dead
+	// session's machines wait for an application's retrieval that skips
+	// every claim row, expired or not: about GCGracePeriod + GCPeriod after
+	// the session's deadline. Each pass scans the sessions table (on
+	// CockroachDB at follower_read_timestamp()): a fleet of thousands of
+	// components may raise it. Must be positive when set. Defaults to
+	// SessionInterval.
 	GCPeriod time.Duration
 
 	// GCGracePeriod is how long an expired session row is kept before GC
 	// deletes it. Expired sessions never block claims: Work takes their
-	// claims over at once. Must not be negative; zero means the default.
-	// Defaults to SessionInterval.
+	// claims over at once. On CockroachDB GC lists expired sessions as of
+	// follower_read_timestamp(), about 4.8 s ago: below that, a live
+	// session whose last heartbeat the listing did not see is locked, for
+	// the length of a GC transaction, before GC finds it alive. Must not be
+	// negative; zero means the default. Defaults to SessionInterval.
 	GCGracePeriod time.Duration
 
 	// SkipMigrations, when true, makes Open only check that the database
@@ -213,7 +222,7 @@ func (c Config) withDefaults() Config {
 		c.SessionInterval = sessionIntervalDefault
 	}
 	if c.GCPeriod == 0 {
-		c.GCPeriod = gcPeriodDefault
+		c.GCPeriod = c.SessionInterval
 	}
 	if c.GCGracePeriod == 0 {
 		c.GCGracePeriod = c.SessionInterval

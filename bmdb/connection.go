@@ -52,8 +52,6 @@ type Connection struct {
 	// batchTx is the isolation of batch transactions (Config.SerializableBatches)
 	// on PostgreSQL; CockroachDB's are SERIALIZABLE. Set by Open.
 	batchTx *sql.TxOptions
-	// gc is where the periodic GC of the Connection's sessions got (gc.go).
-	gc gcWindow
 
 	closeOnce sync.Once
 	closed    atomic.Bool
@@ -154,6 +152,9 @@ func (c *Connection) setUp(ctx context.Context) error {
 	if c.engine == enginePostgres && !c.cfg.SerializableBatches {
 		c.batchTx = snapshot
 	}
+	if c.engine == engineCockroach {
+		c.logClusterSettings(ctx)
+	}
 	// The schemas (package migrations), read on this pool, with the engine
 	// detected and this Connection's cockroach mode.
 	info := c.cfg.ComponentName + " (" + c.cfg.RuntimeInfo + ")" // RuntimeInfo has its default
@@ -162,6 +163,52 @@ func (c *Connection) setUp(ctx context.Context) error {
 		return err
 	}
 	return migrationhook.Open(ctx, m, migrationhook.Options{DB: c.db, Wrap: c.cfg.WrapConnector, Cockroach: c.engine == engineCockroach, Apply: !c.cfg.SkipMigrations})
+}
+
+// Cluster settings bmdb's reasoning on CockroachDB depends on, which it
+// cannot pin (docs/cockroachdb.md, "Settings that matter"): read and
+// logged at Open where the user may read them (VIEWCLUSTERSETTING).
+const (
+	sqlClosedTimestampTarget = "SHOW CLUSTER SETTING kv.closed_timestamp.target_duration"
+	sqlExclusiveLocksBlock   = "SHOW CLUSTER SETTING kv.lock.exclusive_locks_block_non_locking_reads.enabled"
+)
+
+// logClusterSettings logs the cluster settings above, and warns when
+// Config.MaxTransactionDuration is not below the closed timestamp target
+// (Config.MaxTransactionDuration says why it must be).
+func (c *Connection) logClusterSettings(ctx context.Context) {
+	var closed, blocks string
+	err := c.db.QueryRowContext(ctx, sqlClosedTimestampTarget).Scan(&closed)
+	if err == nil {
+		err = c.db.QueryRowContext(ctx, sqlExclusiveLocksBlock).Scan(&blocks)
+	}
+	if err != nil {
+		klog.Infof("bmdb: could not read the cluster settings kv.closed_timestamp.target_duration and kv.lock.exclusive_locks_block_non_locking_reads.enabled (%v); "+
+			"bmdb assumes their defaults, 3s and true (docs/cockroachdb.md)", redactError(err, c.cfg.DSN))
+		return
+	}
+	klog.V(1).Infof("bmdb: cluster settings: kv.closed_timestamp.target_duration = %s, kv.lock.exclusive_locks_block_non_locking_reads.enabled = %s", closed, blocks)
+	if target, perr := parseCockroachDuration(closed); perr == nil && c.cfg.MaxTransactionDuration >= 0 && c.cfg.MaxTransactionDuration >= target {
+		klog.Warningf("bmdb: Config.MaxTransactionDuration (%v) is not below the cluster's kv.closed_timestamp.target_duration (%v): transactions that run that long may fail their read refresh (docs/cockroachdb.md)",
+			c.cfg.MaxTransactionDuration, target)
+	}
+	if blocks != "true" {
+		klog.Infof("bmdb: kv.lock.exclusive_locks_block_non_locking_reads.enabled is %s: plain reads do not wait for claims' locks (docs/cockroachdb.md)", blocks)
+	}
+}
+
+// parseCockroachDuration parses a duration as SHOW CLUSTER SETTING prints
+// it, e.g. "00:00:03" or "3s".
+func parseCockroachDuration(s string) (time.Duration, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		return d, nil
+	}
+	var h, m int
+	var sec float64
+	if _, err := fmt.Sscanf(s, "%d:%d:%f", &h, &m, &sec); err != nil {
+		return 0, err
+	}
+	return time.Duration(h)*time.Hour + time.Duration(m)*time.Minute + time.Duration(sec*float64(time.Second)), nil
 }
 
 // engineName names the engine.

@@ -9,6 +9,7 @@ import (
 	"unicode"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
 // Fleet controls: an operator pauses a process, or caps how many machines
@@ -43,8 +44,20 @@ const (
 // reports whether the process was running (false: it was already paused,
 // and nothing is recorded). process need not have claimed yet; it must
 // pass ValidateProcess, and ch.By its bounds (else ErrInvalidArgument).
-// Its transaction waits for the claims of process in flight on PostgreSQL
-// (bounded by lock_timeout, then retried); other errors are Transact's.
+// On PostgreSQL its transaction waits for the claims of process in flight
+// (bounded by lock_timeout, then retried). On CockroachDB a claim's read of
+// the controls is a plain read, which the pause does not wait for: a claim
+// that read them before the pause committed is serialized before it and
+// may commit after it, until the claim's transaction ends. So there
+// PauseProcess returns only after its commit plus
+// Config.MaxTransactionDuration (the longest a claim's attempt runs before
+// its commit) plus Config.MaxClockOffset, which every component's claims
+// keep to if they use this Config's MaxTransactionDuration or less; a
+// claim whose client stalled between its last check and its COMMIT can
+// still commit after that, up to one SessionInterval after its check (the
+// server's idle timeout). ctx bounds that wait too: if it ends meanwhile,
+// the pause has committed and the error wraps ctx's. Other errors are
+// Transact's.
 func (s *Session) PauseProcess(ctx context.Context, process string, ch ControlChange) (changed bool, err error) {
 	return s.control(ctx, process, ch, func(paused bool, cap sql.NullInt64) (bool, sql.NullInt64, string) {
 		return true, cap, actionPause
@@ -64,7 +77,8 @@ func (s *Session) ResumeProcess(ctx context.Context, process string, ch ControlC
 // or removes its cap if n is 0: from the moment it returns nil, a claim of
 // process commits only if fewer than n claims of it are live, on every
 // component together (Work returns an error wrapping ErrCapReached
-// otherwise). Lowering the cap below the live claims lets them end
+// otherwise); on CockroachDB a new or lowered cap returns after the wait
+// PauseProcess describes. Lowering the cap below the live claims lets them end
 // normally; new claims start again once none holds a slot at or above the
 // new cap and a slot below it is free, so that never more than n are live
 // once those have ended. The change is recorded as PauseProcess's is. It
@@ -98,6 +112,7 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 	by := cmp.Or(ch.By, s.conn.cfg.ComponentName)
 	reason := truncateCause(ch.Reason)
 	var changed bool
+	var restricts bool // the change may keep a claim that read the old controls from being allowed
 	err := s.transact(ctx, readCommitted, func(tx *Tx) error {
 		cur, err := tx.q.ProcessControlLock(ctx, process)
 		if err != nil {
@@ -105,6 +120,7 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 		}
 		paused, cap, action := change(cur.Paused, cur.ClaimCap)
 		changed = paused != cur.Paused || cap != cur.ClaimCap
+		restricts = paused && !cur.Paused || cap.Valid && (!cur.ClaimCap.Valid || cap.Int64 < cur.ClaimCap.Int64)
 		if !changed {
 			return nil
 		}
@@ -126,7 +142,24 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 		}
 		return nil
 	})
+	if err == nil && restricts && s.conn.engine == engineCockroach {
+		err = s.waitOutClaims(ctx, process)
+	}
 	return changed, err
+}
+
+// waitOutClaims waits, after a change of the controls of process has
+// committed on CockroachDB, until no claim that read the old controls can
+// still commit (PauseProcess).
+func (s *Session) waitOutClaims(ctx context.Context, process string) error {
+	d := s.conn.cfg.MaxTransactionDuration
+	if d < 0 {
+		d = s.conn.cfg.SessionInterval // unbounded attempts: the idle timeout ends a stalled one
+	}
+	if err := wait.Sleep(ctx, d+s.conn.cfg.MaxClockOffset); err != nil {
+		return fmt.Errorf("bmdb: the controls of %q changed, but waiting out the claims that read them before: %w", process, err)
+	}
+	return nil
 }
 
 // ensureControls makes the controls row of process (running, no cap) if

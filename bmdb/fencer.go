@@ -16,14 +16,15 @@ import (
 // claim row, and claims only pairs whose row exists (WorkClaimMany); the
 // row is made before the pair's first claim, outside any claim
 // transaction, so that no claim ever waits for another transaction's
-// insert of it. A fencer makes them for one session and process, in two
-// ways:
-//   - ahead: the candidates a batch's retrievals returned, on the fencer's
-//     goroutine, after the batch (ahead), so that the next batches find
-//     them: a retrieval usually returns a machine several times before it
-//     is claimed;
+// insert of it, and once per pair: the claim statement says which of its
+// candidates have none. A fencer makes them for one session and process,
+// in two ways:
+//   - ahead: the candidates a claim statement found without a row, on the
+//     fencer's goroutine, after the batch (ahead), so that the next batches
+//     find them: a retrieval usually returns a machine several times before
+//     it is claimed;
 //   - on demand: a claim that found nothing but pairs without a row makes
-//     them and runs again, once (batcher.fenceAndRerun, ensure).
+//     them and runs again, once (claimPass.diagnose, ensure).
 type fencer struct {
 	s       *Session
 	process string
@@ -31,7 +32,7 @@ type fencer struct {
 
 	mu      sync.Mutex
 	pending []uuid.UUID        // guarded by mu: appended by ahead, taken by run
-	known   map[uuid.UUID]bool // guarded by mu: machines with a row, or pending
+	known   map[uuid.UUID]bool // guarded by mu: machines queued (rows made, pending, or not machines)
 }
 
 // fencerMemory bounds a fencer's known machines; past it, it forgets them
@@ -42,8 +43,9 @@ func newFencer(s *Session, process string) *fencer {
 	return &fencer{s: s, process: process, wake: make(chan struct{}, 1), known: map[uuid.UUID]bool{}}
 }
 
-// ahead queues the machines of candidates not known to have a row, for
-// the fencer's goroutine. Called by batch goroutines; it never waits.
+// ahead queues the machines of candidates (which a claim statement found
+// without a row) not queued before, for the fencer's goroutine. Called by
+// batch goroutines; it never waits.
 func (f *fencer) ahead(candidates []uuid.UUID) {
 	f.mu.Lock()
 	n := len(f.pending)

@@ -2,8 +2,8 @@ package bmdb
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,140 +11,148 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/store"
 )
 
-// gcBatch bounds the sessions one GC transaction deletes.
-const gcBatch = 1000
+// Garbage collection deletes sessions that expired more than
+// Config.GCGracePeriod ago, after recording each of their claims as
+// Abandoned. A pass lists them first, outside the transactions that
+// delete (SessionListExpired: a scan of the sessions' primary index, on
+// CockroachDB at follower_read_timestamp(), so that it neither waits for
+// nor holds up any heartbeat), then locks and deletes them by primary key
+// in transactions of up to gcBatch sessions, each committed on its own:
+// a pass cut short by its budget keeps what it deleted, and the next
+// pass lists what is left. The sessions table has no index on deadline:
+// every heartbeat would move its session's entry, which on CockroachDB
+// leaves a deleted entry for gc.ttlseconds (about 5.8 million for 1,000
+// sessions over 4 hours) that every scan of the index steps over.
 
-// gcFullPassPeriod is how often a Connection's periodic GC reads the whole
-// of sessions_deadline_idx instead of its window.
-const gcFullPassPeriod = time.Hour
+// gcBatch bounds the sessions one GC transaction deletes: well within
+// Config.MaxTransactionDuration on CockroachDB, however many claims each
+// session held.
+const gcBatch = 100
 
-// GC reads a window. Every heartbeat moves its session's entry in
-// sessions_deadline_idx, and on CockroachDB each move leaves a deleted
-// entry in the index for gc.ttlseconds (4 h by default), which a scan
-// steps over: a read from the index's start up to the expiry bound would
-// read every heartbeat of the fleet of those hours, on every pass of every
-// session (docs/cockroachdb.md, "Hotspots"). No session's deadline is ever
-// set below the expiry bound (SessionExpiryBound), so once a pass has
-// deleted every session expired before its bound, a later pass need only
-// read from that bound up: a window holding the heartbeats of about one
-// GCPeriod. What it costs:
-//
-//   - A session whose deadline is moved below a bound by hand (UPDATE
-//     sessions SET deadline = ...) is missed by the windows of the
-//     Connections that passed that bound, until their next full pass (a
-//     Connection's first periodic pass, then one every gcFullPassPeriod)
-//     or a CollectGarbage, which always reads it all. Its claims are taken
-//     over by Work meanwhile, as any expired session's.
-//   - A full pass still steps over every deleted entry, once per
-//     Connection when it starts and then hourly.
-//   - Each GC transaction runs one statement more (the bound), and a
-//     Connection keeps its bound in memory.
-//
-// The figures are in bench/README.md (BenchmarkGCDeadIndexEntries).
+// gcListLimit bounds the expired sessions one pass lists.
+const gcListLimit = 10 * gcBatch
 
-// gcWindow is a Connection's memory of its GC passes. Safe for concurrent
-// use: every Session of the Connection runs GC.
-type gcWindow struct {
-	mu sync.Mutex
-	// covered is the bound of the newest complete pass: no session whose
-	// deadline is before it remained (database clock). Zero: no pass yet.
-	covered time.Time
-	// lastFull is when the last full pass began (monotonic clock).
-	lastFull time.Time
-}
-
-// start returns where a pass reads from: the zero time for a full pass
-// (full, no pass completed yet, or the last full one began more than
-// gcFullPassPeriod ago), else covered.
-func (w *gcWindow) start(full bool) time.Time {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if full || w.covered.IsZero() || time.Since(w.lastFull) > gcFullPassPeriod {
-		w.lastFull = time.Now()
-		return time.Time{}
-	}
-	return w.covered
-}
-
-// passed records a complete pass from from to bound.
-func (w *gcWindow) passed(from, bound time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !from.After(w.covered) && bound.After(w.covered) {
-		w.covered = bound
-	}
-}
+// On CockroachDB the listing runs in a read-only transaction at
+// follower_read_timestamp() (about 4.8 s ago, served by any replica
+// without waiting for writers), with disallow_full_table_scans lifted for
+// it alone: it scans the sessions table by design, and a role that set the
+// guardrail for its own queries must not stop bmdb's GC. PostgreSQL has
+// neither statement, nor needs them.
+const (
+	sqlFollowerRead   = "SET TRANSACTION AS OF SYSTEM TIME follower_read_timestamp()"
+	sqlAllowFullScans = "SET LOCAL disallow_full_table_scans = off"
+)
 
 // CollectGarbage deletes every session whose deadline passed more than
 // Config.GCGracePeriod ago, first recording Abandoned history (with each
 // claim's id) for each of their claims. It returns the number of sessions
-// deleted. It works in transactions of up to gcBatch sessions, until none
-// is left or ctx ends. It reads every expired session; the periodic GC of
-// Sessions reads only those that expired since its last pass (gc.go).
+// deleted, also alongside an error: each batch of up to gcBatch sessions
+// commits on its own, until none is left or ctx ends. After Close it
+// returns ErrConnectionClosed.
 //
-// Every live Session runs it every Config.GCPeriod; operators may run it at
-// any time. It is idempotent and safe to run from many components at once:
-// concurrent runs serialise on the session rows (locked by primary key,
-// reading only expired ones), and a claim is recorded Abandoned once. A
-// takeover skips a session GC is deleting, and GC waits for a takeover
-// (see SessionLockExpired). A transaction of an expired session still open
-// on the server (a stalled client) may make GC wait, at most lock_timeout,
-// and that session is then collected by a later run: on PostgreSQL it
-// holds its session row with FOR KEY SHARE; on CockroachDB it holds
-// intents on the rows it wrote.
+// Every live Session runs a pass every Config.GCPeriod; operators may run
+// it at any time. It is idempotent and safe to run from many components at
+// once: concurrent runs skip the sessions another holds (SKIP LOCKED), and
+// a claim is recorded Abandoned once. A takeover and GC skip each other
+// the same way (SessionLockExpired). A session with a transaction still
+// open on the server (a stalled client) may be skipped, and is collected
+// by a later run once the server has ended that transaction (its idle
+// timeout: one SessionInterval).
 func (c *Connection) CollectGarbage(ctx context.Context) (int64, error) {
-	return c.collectGarbage(ctx, true)
-}
-
-// collectGarbage is one GC pass: over the window above the last complete
-// pass's bound, or over every expired session if full (or due, gcWindow).
-func (c *Connection) collectGarbage(ctx context.Context, full bool) (int64, error) {
-	grace := c.cfg.GCGracePeriod.Seconds()
-	from := c.gc.start(full)
-	after := from
+	if c.closed.Load() {
+		return 0, ErrConnectionClosed
+	}
 	var total int64
 	for {
-		var bound time.Time
-		var expired []store.SessionListExpiredRow
-		var deleted int64
+		n, listed, err := c.collectGarbage(ctx)
+		total += n
+		if err != nil || listed < gcListLimit || n == 0 {
+			return total, err
+		}
+	}
+}
+
+// collectGarbage is one GC pass: it lists up to gcListLimit expired
+// sessions and deletes them, gcBatch at a time, until they are gone or ctx
+// ends. It returns how many it deleted and listed.
+func (c *Connection) collectGarbage(ctx context.Context) (deleted int64, listed int, _ error) {
+	ids, err := c.listExpired(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	bound := ids.bound
+	for batch := range chunks(ids.ids, gcBatch) {
+		var n int64
 		var abandoned []string
 		err := c.transact(ctx, serializable, func(tx *Tx) error {
 			// What an attempt that failed to commit found is not this
 			// attempt's: another collector may have deleted it since.
-			expired, deleted, abandoned = nil, 0, nil
-			var err error
-			if bound, err = tx.q.SessionExpiryBound(ctx, grace); err != nil {
-				return fmt.Errorf("bmdb: reading the expiry bound: %w", err)
-			}
-			expired, err = tx.q.SessionListExpired(ctx, store.SessionListExpiredParams{After: after, Before: bound, RowLimit: gcBatch})
+			n, abandoned = 0, nil
+			locked, err := tx.q.SessionLockExpired(ctx, store.SessionLockExpiredParams{SessionIds: batch, Before: bound})
 			if err != nil {
-				return fmt.Errorf("bmdb: listing expired sessions: %w", err)
-			}
-			if len(expired) == 0 {
-				return nil
-			}
-			ids := make([]uuid.UUID, len(expired))
-			for i, x := range expired {
-				ids[i] = x.SessionID
-			}
-			if ids, err = tx.q.SessionLockExpired(ctx, ids); err != nil {
 				return fmt.Errorf("bmdb: locking expired sessions: %w", err)
 			}
-			abandoned, deleted, err = supersede(ctx, tx, ids)
+			abandoned, n, err = supersede(ctx, tx, locked)
 			return err
 		})
 		if err != nil {
-			return total, err
+			return deleted, len(ids.ids), err
 		}
-		total += deleted
+		deleted += n
 		c.stats.events(abandoned, store.WorkHistoryEventAbandoned)
-		if len(expired) < gcBatch {
-			c.gc.passed(from, bound)
-			return total, nil
+	}
+	return deleted, len(ids.ids), nil
+}
+
+// expiredList is what a GC pass lists: the sessions expired before bound.
+type expiredList struct {
+	ids   []uuid.UUID
+	bound time.Time
+}
+
+// listExpired lists up to gcListLimit sessions expired more than the grace
+// period ago, outside any transaction that writes (see above).
+func (c *Connection) listExpired(ctx context.Context) (expiredList, error) {
+	var l expiredList
+	var err error
+	if l.bound, err = c.prepared.SessionExpiryBound(ctx, c.cfg.GCGracePeriod.Seconds()); err != nil {
+		return l, fmt.Errorf("bmdb: reading the expiry bound: %w", contextError(ctx, err))
+	}
+	arg := store.SessionListExpiredParams{Before: l.bound, RowLimit: gcListLimit}
+	if c.engine != engineCockroach {
+		l.ids, err = c.prepared.SessionListExpired(ctx, arg)
+		if err != nil {
+			return l, fmt.Errorf("bmdb: listing expired sessions: %w", contextError(ctx, err))
 		}
-		// Every session up to the last deadline listed is gone: the next
-		// batch reads from there (its ties included).
-		after = expired[len(expired)-1].Deadline
+		return l, nil
+	}
+	tx, err := c.db.BeginTx(ctx, &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return l, fmt.Errorf("bmdb: listing expired sessions: %w", contextError(ctx, err))
+	}
+	defer func() { _ = tx.Rollback() }() // after Commit: a no-op
+	if _, err := tx.ExecContext(ctx, sqlFollowerRead); err != nil {
+		return l, fmt.Errorf("bmdb: listing expired sessions: %s: %w", sqlFollowerRead, contextError(ctx, err))
+	}
+	if _, err := tx.ExecContext(ctx, sqlAllowFullScans); err != nil {
+		return l, fmt.Errorf("bmdb: listing expired sessions: %s: %w", sqlAllowFullScans, contextError(ctx, err))
+	}
+	if l.ids, err = store.New(tx).SessionListExpired(ctx, arg); err != nil {
+		return l, fmt.Errorf("bmdb: listing expired sessions: %w", contextError(ctx, err))
+	}
+	return l, tx.Commit()
+}
+
+// chunks yields ids in slices of at most n.
+func chunks(ids []uuid.UUID, n int) func(yield func([]uuid.UUID) bool) {
+	return func(yield func([]uuid.UUID) bool) {
+		for len(ids) > 0 {
+			k := min(n, len(ids))
+			if !yield(ids[:k]) {
+				return
+			}
+			ids = ids[k:]
+		}
 	}
 }
 

@@ -3,9 +3,14 @@ package bmdb
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 
 	"github.com/bmdb-dev/bmdb/model"
 )
@@ -115,7 +120,7 @@ func TestOperatorViewsAndIndexes(t *testing.T) {
 		name, index, query string
 		args               []any
 	}{
-		{"history of one machine", "work_history_machine_idx",
+		{"history of one machine", "work_history_machine_idx|work_history_pair_idx",
 			"SELECT * FROM readable_history WHERE machine_id = $1 ORDER BY at DESC, id DESC LIMIT 100", []any{m}},
 		{"last hour of failures of a process", "work_history_process_idx|work_history_at_idx",
 			"SELECT * FROM work_history WHERE process = $1 AND event = 'Failed' AND at >= now() - INTERVAL '1 hour' ORDER BY at DESC LIMIT 100", []any{"p3"}},
@@ -159,4 +164,65 @@ func explain(t *testing.T, e *env, query string, args ...any) string {
 		b.WriteString(line + "\n")
 	}
 	return b.String()
+}
+
+// The statements that read one process's claims (a cap change's
+// WorkSlotsAssign, the process_status view, a worker's drain count) read
+// them through work_process_idx, not a scan of every process's claims: on
+// CockroachDB such a scan waits on every claim in flight, while the cap
+// change holds a write on the controls row every claim of the process
+// reads. PostgreSQL is told to avoid sequential scans where it can, so
+// that a plan without the index shows.
+func TestOneProcessesClaimsReadByIndex(t *testing.T) {
+	if testdb.Cockroach() {
+		t.Skip("PostgreSQL's plans")
+	}
+	e := newEnv(t)
+	e.exec(`INSERT INTO sessions (session_id, component_name, runtime_info, interval_seconds, deadline)
+		VALUES ('00000000-0000-0000-0000-000000000001', 'x', '', 10, now() + INTERVAL '1 hour')`)
+	e.exec(`INSERT INTO machines (machine_id) SELECT gen_random_uuid() FROM generate_series(1, 2000)`)
+	e.exec(`INSERT INTO work (machine_id, process, session_id)
+		SELECT machine_id, 'p' || (row_number() OVER () % 20)::TEXT, '00000000-0000-0000-0000-000000000001' FROM machines`)
+	e.exec(`INSERT INTO process_controls (process) SELECT 'p' || i::TEXT FROM generate_series(0, 19) i`)
+	e.exec("ANALYZE work")
+	model, err := os.ReadFile("../queries/current_work.sql")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, left, _ := strings.Cut(string(model), "-- name: CurrentWorkLeftForProcess :one")
+	left = strings.TrimSuffix(strings.TrimSpace(left[strings.Index(left, "\nSELECT")+1:]), ";")
+	left = strings.ReplaceAll(strings.ReplaceAll(left, "sqlc.arg(process)", "$1"), "sqlc.arg(session_id)", "$2")
+	for _, tc := range []struct {
+		name, query string
+		args        []any
+	}{
+		{"a cap change's WorkSlotsAssign", queryOf(t, "process_controls.sql", "WorkSlotsAssign"), []any{"p3"}},
+		{"process_status", "SELECT * FROM process_status WHERE process = $1", []any{"p3"}},
+		{"the drain's CurrentWorkLeftForProcess", left, []any{"p3", uuid.New()}},
+	} {
+		tx, err := e.db.Begin()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec("SET LOCAL enable_seqscan = off"); err != nil {
+			t.Fatal(err)
+		}
+		var plan strings.Builder
+		rows, err := tx.Query("EXPLAIN "+tc.query, tc.args...)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		rows.Close()
+		tx.Rollback()
+		if strings.Contains(plan.String(), "Seq Scan on work ") || !strings.Contains(plan.String(), "work_process_idx") {
+			t.Errorf("%s does not read one process's claims by work_process_idx:\n%s", tc.name, plan.String())
+		}
+	}
 }

@@ -104,7 +104,11 @@ func TestStaleRetrievalClaimsNothing(t *testing.T) {
 				t.Fatal(err)
 			}
 			stale.open()
-			if w, err := late.wait(); !errors.Is(err, tc.want) {
+			w, err := late.wait()
+			if !errors.Is(err, tc.want) && (snapshotIsolation() || !errors.Is(err, ErrNothingToDo)) {
+				// Cockroach mode: PostgreSQL's SERIALIZABLE may abort the
+				// stale claim for what it read (CockroachDB would not), and
+				// its retry's retrieval finds the machine tagged.
 				t.Fatalf("the stale retrieval's Work = %v, %v; want %v", w, err, tc.want)
 			}
 			if got := e.events(m, s1, s2); !slicesEqual(got, "install:Started@1", "install:Finished@1") {

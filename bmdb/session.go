@@ -444,7 +444,7 @@ func (s *Session) pokeOnce(deadline time.Time) (bool, error) {
 	return rows == 1, err
 }
 
-// collectGarbage runs one periodic GC pass (a window, gc.go) on behalf of
+// collectGarbage runs one periodic GC pass (gc.go) on behalf of
 // the session, on the heartbeat goroutine, bounded so that it cannot delay
 // the next heartbeat: it ends by the time that heartbeat is due, and
 // within interval/4.
@@ -455,7 +455,7 @@ func (s *Session) collectGarbage() {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, budget)
 	defer cancel()
-	n, err := s.conn.collectGarbage(ctx, false)
+	n, _, err := s.conn.collectGarbage(ctx)
 	switch {
 	case err != nil && s.ctx.Err() == nil:
 		klog.Warningf("bmdb: session %s: garbage collection failed: %v", s.id, err)

@@ -14,8 +14,9 @@ import (
 const machinesWithoutWork = `-- name: MachinesWithoutWork :many
 SELECT m.machine_id FROM machines m
 WHERE NOT EXISTS (
-        SELECT 1 FROM work w
+        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
         WHERE w.machine_id = m.machine_id AND w.process = $1
+          AND s.deadline > now()
     )
   AND NOT EXISTS (
         SELECT 1 FROM work_backoff b
@@ -32,9 +33,11 @@ type MachinesWithoutWorkParams struct {
 }
 
 // MachinesWithoutWork returns up to row_limit machines, oldest first, that
-// have no claim of process and are not in backoff for it. It suits
-// applications whose only condition is "not being worked on"; most join their
-// tag tables instead.
+// have no live claim of process and are not in backoff for it. A claim of
+// an expired session counts as none: the claim that gets such a machine
+// takes the dead session's claims over, so a dead worker's machines are
+// worked again at once. It suits applications whose only condition is
+// "not being worked on"; most join their tag tables instead, the same way.
 func (q *Queries) MachinesWithoutWork(ctx context.Context, arg MachinesWithoutWorkParams) ([]uuid.UUID, error) {
 	rows, err := q.db.QueryContext(ctx, machinesWithoutWork, arg.Process, arg.RowLimit)
 	if err != nil {

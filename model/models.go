@@ -118,14 +118,15 @@ type ProcessStatus struct {
 }
 
 type ReadableHistory struct {
-	ID            int64     `json:"id"`
-	MachineID     uuid.UUID `json:"machine_id"`
-	Process       string    `json:"process"`
-	Event         string    `json:"event"`
-	SessionID     uuid.UUID `json:"session_id"`
-	ComponentName string    `json:"component_name"`
-	At            time.Time `json:"at"`
-	Cause         string    `json:"cause"`
+	ID            int64         `json:"id"`
+	MachineID     uuid.UUID     `json:"machine_id"`
+	Process       string        `json:"process"`
+	Event         string        `json:"event"`
+	SessionID     uuid.UUID     `json:"session_id"`
+	ComponentName string        `json:"component_name"`
+	At            time.Time     `json:"at"`
+	Cause         string        `json:"cause"`
+	Seq           sql.NullInt64 `json:"seq"`
 }
 
 type Session struct {
@@ -148,4 +149,5 @@ type WorkHistory struct {
 	ComponentName sql.NullString   `json:"component_name"`
 	ClaimID       uuid.NullUUID    `json:"claim_id"`
 	FencingToken  sql.NullInt64    `json:"fencing_token"`
+	Seq           sql.NullInt64    `json:"seq"`
 }

@@ -14,11 +14,11 @@ import (
 )
 
 const readableHistoryForMachine = `-- name: ReadableHistoryForMachine :many
-SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
 WHERE machine_id = $1
   AND ($2::TEXT IS NULL OR process = $2::TEXT)
   AND ($3::TIMESTAMPTZ IS NULL OR at >= $3::TIMESTAMPTZ)
-ORDER BY at DESC, id DESC
+ORDER BY (CASE WHEN $2::TEXT IS NULL THEN 0 ELSE COALESCE(seq, 0) END) DESC, at DESC, id DESC
 LIMIT $4
 `
 
@@ -31,7 +31,11 @@ type ReadableHistoryForMachineParams struct {
 
 // ReadableHistoryForMachine returns up to row_limit of a machine's most
 // recent events since a time (NULL: all), of one process or (NULL) of all,
-// newest first: an index range scan on work_history (machine_id, at).
+// newest first: an index range scan on work_history (machine_id, ...).
+// One process's events come in the order they happened (seq, numbered by
+// the pair's claims and ends); across processes, by at, which on
+// CockroachDB each gateway dates by its own clock (they may differ by up
+// to the cluster's maximum offset).
 func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHistoryForMachineParams) ([]ReadableHistory, error) {
 	rows, err := q.db.QueryContext(ctx, readableHistoryForMachine,
 		arg.MachineID,
@@ -55,6 +59,7 @@ func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHis
 			&i.ComponentName,
 			&i.At,
 			&i.Cause,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}
@@ -70,7 +75,7 @@ func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHis
 }
 
 const readableHistoryForMachinePage = `-- name: ReadableHistoryForMachinePage :many
-SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
 WHERE machine_id = $1
   AND (at, id) < ($2::TIMESTAMPTZ, $3::INT8)
 ORDER BY at DESC, id DESC
@@ -111,6 +116,7 @@ func (q *Queries) ReadableHistoryForMachinePage(ctx context.Context, arg Readabl
 			&i.ComponentName,
 			&i.At,
 			&i.Cause,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}
@@ -126,7 +132,7 @@ func (q *Queries) ReadableHistoryForMachinePage(ctx context.Context, arg Readabl
 }
 
 const readableHistoryForSession = `-- name: ReadableHistoryForSession :many
-SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
 WHERE session_id = $1
 ORDER BY at DESC, id DESC
 LIMIT $2
@@ -157,6 +163,7 @@ func (q *Queries) ReadableHistoryForSession(ctx context.Context, arg ReadableHis
 			&i.ComponentName,
 			&i.At,
 			&i.Cause,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}
@@ -172,7 +179,7 @@ func (q *Queries) ReadableHistoryForSession(ctx context.Context, arg ReadableHis
 }
 
 const readableHistoryRecent = `-- name: ReadableHistoryRecent :many
-SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
 WHERE ($1::TEXT IS NULL OR process = $1::TEXT)
   AND ($2::TIMESTAMPTZ IS NULL OR at >= $2::TIMESTAMPTZ)
 ORDER BY at DESC, id DESC
@@ -206,6 +213,7 @@ func (q *Queries) ReadableHistoryRecent(ctx context.Context, arg ReadableHistory
 			&i.ComponentName,
 			&i.At,
 			&i.Cause,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}
@@ -221,7 +229,7 @@ func (q *Queries) ReadableHistoryRecent(ctx context.Context, arg ReadableHistory
 }
 
 const readableHistoryRecentFailures = `-- name: ReadableHistoryRecentFailures :many
-SELECT id, machine_id, process, event, session_id, component_name, at, cause FROM readable_history
+SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
 WHERE event = 'Failed' AND at >= $1
 ORDER BY at DESC, id DESC
 LIMIT $2
@@ -252,6 +260,7 @@ func (q *Queries) ReadableHistoryRecentFailures(ctx context.Context, arg Readabl
 			&i.ComponentName,
 			&i.At,
 			&i.Cause,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}

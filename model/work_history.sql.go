@@ -110,12 +110,16 @@ func (q *Queries) WorkHistoryEventsPerMinute(ctx context.Context, arg WorkHistor
 }
 
 const workHistoryForMachine = `-- name: WorkHistoryForMachine :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token, seq FROM work_history
 WHERE machine_id = $1
-ORDER BY at, id
+ORDER BY process, COALESCE(seq, 0), at, id
 `
 
-// WorkHistoryForMachine returns a machine's history, oldest first.
+// WorkHistoryForMachine returns a machine's history, by process, each
+// process's in the order it happened: by seq, which every claim and end of
+// the (machine, process) pair numbers; at, dated by each gateway's clock
+// on CockroachDB (which may differ by up to the cluster's maximum offset),
+// orders only rows that have none (written before migration 000017).
 func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID) ([]WorkHistory, error) {
 	rows, err := q.db.QueryContext(ctx, workHistoryForMachine, machineID)
 	if err != nil {
@@ -136,6 +140,7 @@ func (q *Queries) WorkHistoryForMachine(ctx context.Context, machineID uuid.UUID
 			&i.ComponentName,
 			&i.ClaimID,
 			&i.FencingToken,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}
@@ -193,7 +198,7 @@ func (q *Queries) WorkHistoryRecentComponents(ctx context.Context, arg WorkHisto
 }
 
 const workHistoryRecentEvents = `-- name: WorkHistoryRecentEvents :many
-SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token FROM work_history
+SELECT id, machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, fencing_token, seq FROM work_history
 WHERE process = $1 AND event = $2 AND at >= $3
 ORDER BY at DESC, id DESC
 LIMIT $4
@@ -234,6 +239,7 @@ func (q *Queries) WorkHistoryRecentEvents(ctx context.Context, arg WorkHistoryRe
 			&i.ComponentName,
 			&i.ClaimID,
 			&i.FencingToken,
+			&i.Seq,
 		); err != nil {
 			return nil, err
 		}

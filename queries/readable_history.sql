@@ -1,12 +1,16 @@
 -- name: ReadableHistoryForMachine :many
 -- ReadableHistoryForMachine returns up to row_limit of a machine's most
 -- recent events since a time (NULL: all), of one process or (NULL) of all,
--- newest first: an index range scan on work_history (machine_id, at).
+-- newest first: an index range scan on work_history (machine_id, ...).
+-- One process's events come in the order they happened (seq, numbered by
+-- the pair's claims and ends); across processes, by at, which on
+-- CockroachDB each gateway dates by its own clock (they may differ by up
+-- to the cluster's maximum offset).
 SELECT * FROM readable_history
 WHERE machine_id = sqlc.arg(machine_id)
   AND (sqlc.narg(process)::TEXT IS NULL OR process = sqlc.narg(process)::TEXT)
   AND (sqlc.narg(since)::TIMESTAMPTZ IS NULL OR at >= sqlc.narg(since)::TIMESTAMPTZ)
-ORDER BY at DESC, id DESC
+ORDER BY (CASE WHEN sqlc.narg(process)::TEXT IS NULL THEN 0 ELSE COALESCE(seq, 0) END) DESC, at DESC, id DESC
 LIMIT sqlc.arg(row_limit);
 
 -- name: ReadableHistoryForSession :many

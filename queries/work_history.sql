@@ -1,8 +1,12 @@
 -- name: WorkHistoryForMachine :many
--- WorkHistoryForMachine returns a machine's history, oldest first.
+-- WorkHistoryForMachine returns a machine's history, by process, each
+-- process's in the order it happened: by seq, which every claim and end of
+-- the (machine, process) pair numbers; at, dated by each gateway's clock
+-- on CockroachDB (which may differ by up to the cluster's maximum offset),
+-- orders only rows that have none (written before migration 000017).
 SELECT * FROM work_history
 WHERE machine_id = sqlc.arg(machine_id)
-ORDER BY at, id;
+ORDER BY process, COALESCE(seq, 0), at, id;
 
 -- name: WorkHistorySummary :many
 -- WorkHistorySummary counts history events per process and event.

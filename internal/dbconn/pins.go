@@ -40,14 +40,17 @@ var cockroachPins = []pin{
 		"FOR KEY SHARE stays a plain read under SERIALIZABLE, so heartbeats never wait for their session's transactions"},
 	{"enable_durable_locking_for_serializable", "off",
 		"claims' FOR UPDATE SKIP LOCKED locks stay unreplicated: 23.2 refuses SKIP LOCKED with replicated locks"},
+	{"optimizer_use_lock_op_for_serializable", "off",
+		"locking reads lock what their scans fetch, on every version alike, and claims offer no more than they claim"},
 }
 
 // Statements of the pins: constant text, names and values as parameters.
 const (
 	readSettingSQL = "SELECT current_setting($1)"
 	pinSettingSQL  = "SELECT set_config($1, $2, false)"
-	// Both of cockroachPins at once.
-	pinTwoSettingsSQL = "SELECT set_config($1, $2, false) || set_config($3, $4, false)"
+	// Two and three of cockroachPins at once.
+	pinTwoSettingsSQL   = "SELECT set_config($1, $2, false) || set_config($3, $4, false)"
+	pinThreeSettingsSQL = "SELECT set_config($1, $2, false) || set_config($3, $4, false) || set_config($5, $6, false)"
 )
 
 // Engines as the connector knows them (Connector.engine).
@@ -121,17 +124,22 @@ func (c *Connector) pin(ctx context.Context, pc PQConn) error {
 
 // pinAll sets every pin the server has, in one round trip.
 func pinAll(pc PQConn, pins []pin) error {
-	if len(pins) == 2 {
-		_, err := querySetting(pc, pinTwoSettingsSQL, pins[0].name, pins[0].value, pins[1].name, pins[1].value)
-		if err != nil {
-			return fmt.Errorf("bmdb: pinning CockroachDB settings: %w", err)
+	var err error
+	switch len(pins) {
+	case 2:
+		_, err = querySetting(pc, pinTwoSettingsSQL, pins[0].name, pins[0].value, pins[1].name, pins[1].value)
+	case 3:
+		_, err = querySetting(pc, pinThreeSettingsSQL, pins[0].name, pins[0].value, pins[1].name, pins[1].value, pins[2].name, pins[2].value)
+	default:
+		for _, p := range pins {
+			if _, err := querySetting(pc, pinSettingSQL, p.name, p.value); err != nil {
+				return fmt.Errorf("bmdb: pinning %s = %s: %w", p.name, p.value, err)
+			}
 		}
 		return nil
 	}
-	for _, p := range pins {
-		if _, err := querySetting(pc, pinSettingSQL, p.name, p.value); err != nil {
-			return fmt.Errorf("bmdb: pinning %s = %s: %w", p.name, p.value, err)
-		}
+	if err != nil {
+		return fmt.Errorf("bmdb: pinning CockroachDB settings: %w", err)
 	}
 	return nil
 }

@@ -90,6 +90,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.workClaimManyStmt, err = db.PrepareContext(ctx, workClaimMany); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkClaimMany: %w", err)
 	}
+	if q.workClaimManyArbitratedStmt, err = db.PrepareContext(ctx, workClaimManyArbitrated); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkClaimManyArbitrated: %w", err)
+	}
 	if q.workClaimStatesStmt, err = db.PrepareContext(ctx, workClaimStates); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkClaimStates: %w", err)
 	}
@@ -113,6 +116,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.workHistoryPruneStmt, err = db.PrepareContext(ctx, workHistoryPrune); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkHistoryPrune: %w", err)
+	}
+	if q.workHistoryPrunedBeforeStmt, err = db.PrepareContext(ctx, workHistoryPrunedBefore); err != nil {
+		return nil, fmt.Errorf("error preparing query WorkHistoryPrunedBefore: %w", err)
 	}
 	if q.workSlotsAssignStmt, err = db.PrepareContext(ctx, workSlotsAssign); err != nil {
 		return nil, fmt.Errorf("error preparing query WorkSlotsAssign: %w", err)
@@ -232,6 +238,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing workClaimManyStmt: %w", cerr)
 		}
 	}
+	if q.workClaimManyArbitratedStmt != nil {
+		if cerr := q.workClaimManyArbitratedStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workClaimManyArbitratedStmt: %w", cerr)
+		}
+	}
 	if q.workClaimStatesStmt != nil {
 		if cerr := q.workClaimStatesStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workClaimStatesStmt: %w", cerr)
@@ -270,6 +281,11 @@ func (q *Queries) Close() error {
 	if q.workHistoryPruneStmt != nil {
 		if cerr := q.workHistoryPruneStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing workHistoryPruneStmt: %w", cerr)
+		}
+	}
+	if q.workHistoryPrunedBeforeStmt != nil {
+		if cerr := q.workHistoryPrunedBeforeStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing workHistoryPrunedBeforeStmt: %w", cerr)
 		}
 	}
 	if q.workSlotsAssignStmt != nil {
@@ -338,6 +354,7 @@ type Queries struct {
 	workBackoffIntervalsStmt     *sql.Stmt
 	workBackoffUpsertManyStmt    *sql.Stmt
 	workClaimManyStmt            *sql.Stmt
+	workClaimManyArbitratedStmt  *sql.Stmt
 	workClaimStatesStmt          *sql.Stmt
 	workEndManyStmt              *sql.Stmt
 	workEndSessionStmt           *sql.Stmt
@@ -346,6 +363,7 @@ type Queries struct {
 	workGetStmt                  *sql.Stmt
 	workHistoryInsertStmt        *sql.Stmt
 	workHistoryPruneStmt         *sql.Stmt
+	workHistoryPrunedBeforeStmt  *sql.Stmt
 	workSlotsAssignStmt          *sql.Stmt
 }
 
@@ -375,6 +393,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workBackoffIntervalsStmt:     q.workBackoffIntervalsStmt,
 		workBackoffUpsertManyStmt:    q.workBackoffUpsertManyStmt,
 		workClaimManyStmt:            q.workClaimManyStmt,
+		workClaimManyArbitratedStmt:  q.workClaimManyArbitratedStmt,
 		workClaimStatesStmt:          q.workClaimStatesStmt,
 		workEndManyStmt:              q.workEndManyStmt,
 		workEndSessionStmt:           q.workEndSessionStmt,
@@ -383,6 +402,7 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		workGetStmt:                  q.workGetStmt,
 		workHistoryInsertStmt:        q.workHistoryInsertStmt,
 		workHistoryPruneStmt:         q.workHistoryPruneStmt,
+		workHistoryPrunedBeforeStmt:  q.workHistoryPrunedBeforeStmt,
 		workSlotsAssignStmt:          q.workSlotsAssignStmt,
 	}
 }

@@ -21,12 +21,12 @@ WITH gone AS (
 ), fenced AS (
     UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM gone WHERE f.machine_id = gone.machine_id AND f.process = gone.process
-    RETURNING f.machine_id
+    RETURNING f.machine_id, f.process, f.version
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, seq)
 SELECT gone.machine_id, gone.process, gone.session_id, 'Abandoned', statement_timestamp(),
-       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id
-FROM gone
+       (SELECT s.component_name FROM sessions s WHERE s.session_id = gone.session_id), gone.claim_id, fenced.version
+FROM gone LEFT JOIN fenced ON fenced.machine_id = gone.machine_id AND fenced.process = gone.process
 RETURNING work_history.process
 `
 
@@ -65,34 +65,52 @@ const workClaimMany = `-- name: WorkClaimMany :many
 WITH live AS (
     SELECT s.session_id,
            set_config('idle_in_transaction_session_timeout',
-               GREATEST(1, LEAST($1::INT8,
+               GREATEST(1, LEAST($2::INT8,
                    (EXTRACT(EPOCH FROM (s.deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
                true) AS idle_timeout
     FROM sessions s
-    WHERE s.session_id = $2::UUID AND s.deadline > statement_timestamp()
+    WHERE s.session_id = $3::UUID AND s.deadline > statement_timestamp()
     FOR KEY SHARE
 ), ctl AS (
     SELECT c.paused, c.claim_cap FROM process_controls c
-    WHERE c.process = $3::TEXT
+    WHERE c.process = $4::TEXT
     FOR SHARE
 ), open AS (
     SELECT ctl.claim_cap FROM ctl WHERE NOT ctl.paused AND EXISTS (SELECT 1 FROM live)
+), seen AS (
+    SELECT f.machine_id, f.claimed FROM work_fencing f
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($1::UUID[])
+), expired AS (
+    SELECT w.machine_id, w.session_id
+    FROM seen JOIN work w ON w.machine_id = seen.machine_id AND w.process = $4::TEXT
+    JOIN sessions s ON s.session_id = w.session_id
+    WHERE seen.claimed AND s.deadline <= statement_timestamp()
+    UNION
+    SELECT w.machine_id, w.session_id
+    FROM work w JOIN sessions s ON s.session_id = w.session_id
+    WHERE $5::BOOLEAN AND w.process = $4::TEXT AND s.deadline <= statement_timestamp()
 ), slots AS (
     SELECT s.slot FROM process_slots s, open o
-    WHERE s.process = $3::TEXT AND s.slot < o.claim_cap
+    WHERE s.process = $4::TEXT AND s.slot < o.claim_cap
       AND NOT EXISTS (
-          SELECT 1 FROM work w WHERE w.process = $3::TEXT AND w.slot >= o.claim_cap
+          SELECT 1 FROM work w WHERE w.process = $4::TEXT AND w.slot >= o.claim_cap
       )
       AND NOT EXISTS (
-          SELECT 1 FROM work w WHERE w.process = $3::TEXT AND w.slot = s.slot
+          SELECT 1 FROM work w WHERE w.process = $4::TEXT AND w.slot = s.slot
       )
     ORDER BY s.slot
-    LIMIT $4::INT8
+    LIMIT $6::INT8
     FOR UPDATE OF s SKIP LOCKED
+), slot_holders AS (
+    SELECT w.session_id FROM open o, work w JOIN sessions s ON s.session_id = w.session_id
+    WHERE o.claim_cap IS NOT NULL AND NOT EXISTS (SELECT 1 FROM slots)
+      AND w.process = $4::TEXT AND w.slot IS NOT NULL
+      AND s.deadline <= statement_timestamp()
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $3::TEXT AND f.machine_id = ANY ($5::UUID[])
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($7::UUID[])
       AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
+      AND NOT ($8::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -100,30 +118,30 @@ WITH live AS (
           SELECT 1 FROM work_backoff b
           WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
       )
-    ORDER BY array_position($5::UUID[], f.machine_id)
-    LIMIT $4::INT8
+    ORDER BY array_position($7::UUID[], f.machine_id)
+    LIMIT $6::INT8
     FOR UPDATE SKIP LOCKED
 ), picks AS (
     SELECT l.machine_id, sl.slot
     FROM (SELECT locked.machine_id,
-                 row_number() OVER (ORDER BY array_position($5::UUID[], locked.machine_id)) AS n
+                 row_number() OVER (ORDER BY array_position($7::UUID[], locked.machine_id)) AS n
           FROM locked) AS l
     LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.slot) AS n FROM slots) AS sl ON sl.n = l.n
     WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
 ), claim AS (
     INSERT INTO work (machine_id, process, session_id, started_at, slot)
-    SELECT picks.machine_id, $3::TEXT, $2::UUID, clock_timestamp(), picks.slot
+    SELECT picks.machine_id, $4::TEXT, $3::UUID, clock_timestamp(), picks.slot
     FROM picks
     ON CONFLICT DO NOTHING
     RETURNING machine_id, process, session_id, started_at, claim_id
 ), fence AS (
     UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1, claimed = TRUE
     FROM claim WHERE f.machine_id = claim.machine_id AND f.process = claim.process
-    RETURNING f.machine_id, f.token
+    RETURNING f.machine_id, f.token, f.version
 ), started AS (
-    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token)
+    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token, seq)
     SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-           $6::TEXT, claim.claim_id, fence.token
+           $9::TEXT, claim.claim_id, fence.token, fence.version
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
@@ -132,57 +150,72 @@ SELECT EXISTS (SELECT 1 FROM live) AS alive,
        EXISTS (SELECT 1 FROM ctl WHERE ctl.paused) AS paused,
        (SELECT ctl.claim_cap FROM ctl) AS claim_cap,
        (SELECT count(*) FROM slots)::INT8 AS free_slots,
+       (SELECT array_agg(c.machine_id) FROM unnest($1::UUID[]) AS c (machine_id)
+        WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.machine_id = c.machine_id))::UUID[] AS unfenced,
+       (SELECT array_agg(expired.machine_id) FROM expired)::UUID[] AS expired_machines,
+       (SELECT array_agg(DISTINCT h.session_id) FROM (
+            SELECT expired.session_id FROM expired UNION ALL SELECT slot_holders.session_id FROM slot_holders
+        ) AS h)::UUID[] AS expired_sessions,
        started.machine_id, started.claim_id, started.fencing_token
 FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
 type WorkClaimManyParams struct {
+	Candidates    []uuid.UUID
 	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
+	Sweep         bool
 	MaxClaims     int64
-	MachineIds    []uuid.UUID
+	Offer         []uuid.UUID
+	PreferExpired bool
 	ComponentName string
 }
 
 type WorkClaimManyRow struct {
-	Alive        bool
-	Controlled   bool
-	Paused       bool
-	ClaimCap     sql.NullInt64
-	FreeSlots    int64
-	MachineID    uuid.NullUUID
-	ClaimID      uuid.NullUUID
-	FencingToken sql.NullInt64
+	Alive           bool
+	Controlled      bool
+	Paused          bool
+	ClaimCap        sql.NullInt64
+	FreeSlots       int64
+	Unfenced        []uuid.UUID
+	ExpiredMachines []uuid.UUID
+	ExpiredSessions []uuid.UUID
+	MachineID       uuid.NullUUID
+	ClaimID         uuid.NullUUID
+	FencingToken    sql.NullInt64
 }
 
-// WorkClaimMany claims, in one statement, up to max_claims of machine_ids
-// (in their order) that are neither claimed for process nor in backoff for
-// it, records Started for each with its fencing token (one more than the
-// previous claim's), and returns the claimed machines with their claim ids
-// and tokens. It dates its rows by the clock as it makes each claim
-// (clock_timestamp()), after it locked the machine's claim row and its
-// slot, not by the statement's start or the transaction's: sorted by
-// time, a machine's history is the order of its events, and a claim's
-// interval in the history (Started to its end, which end statements date
-// by their start) lies within the time it held its claim row and slot.
+// WorkClaimMany claims, in one statement, up to max_claims of the machines
+// offer (in their order) that are neither claimed for process nor in
+// backoff for it, records Started for each with its fencing token (one
+// more than the previous claim's) and its place in the pair's history
+// (seq: the pair's claim row's version), and returns the claimed machines
+// with their claim ids and tokens. It dates its rows by the clock as it
+// makes each claim (clock_timestamp()), after it locked the machine's
+// claim row and its slot; seq, not the date, orders a pair's history
+// (gateway clocks differ on CockroachDB).
 //
 // It claims through each pair's work_fencing row, which every claim and
 // every end of the pair writes (this statement, WorkFinishMany,
 // WorkEndMany, WorkEndSession, WorkAbandonOfSessions), and nothing else
 // reads or locks:
-//   - It locks, in the order of machine_ids, FOR UPDATE SKIP LOCKED, the
-//     rows of the candidates that its snapshot shows unclaimed and not in
-//     backoff, until it holds max_claims, and claims those: two
-//     transactions never claim the same pair at once, and a claim never
-//     waits for another's claim or end of the same pair: it skips the
-//     pair. A pair without a row (never claimed, WorkFencingEnsure has not
-//     run for it) is not claimed either. Whether a pair is claimed it
-//     reads from the row's claimed (which claims and ends write with the
-//     work row), and from the work table only if that says claimed, so
-//     that under SERIALIZABLE on PostgreSQL, whose reads of a missing key
-//     lock an index page, claims of other machines do not conflict
-//     through it; the work table's keys stay the arbiters (ON CONFLICT).
+//   - It locks, in the order of offer, FOR UPDATE SKIP LOCKED, the rows of
+//     the candidates that its snapshot shows unclaimed and not in backoff,
+//     until it holds max_claims, and claims those: two transactions never
+//     claim the same pair at once, and a claim never waits for another's
+//     claim or end of the same pair: it skips the pair. A pair without a
+//     row (never claimed, WorkFencingEnsure has not run for it) is not
+//     claimed either. Whether a pair is claimed it reads from the row's
+//     claimed (which claims and ends write with the work row), and from
+//     the work table only if that says claimed; the work table's keys stay
+//     the arbiters (ON CONFLICT).
+//   - PostgreSQL locks only the rows that pass the filters, up to the
+//     LIMIT; CockroachDB locks every row the scan of offer fetches, before
+//     the filters and the LIMIT (lock at fetch): there bmdb offers at most
+//     as many candidates as the statement may claim, so that it locks
+//     only what it claims (a candidate the snapshot shows claimed or in
+//     backoff is locked too, for the transaction's length).
 //   - It writes the rows it claims (token and version). Under snapshot
 //     isolation (PostgreSQL's REPEATABLE READ) locking a row that a
 //     transaction committed after this one's snapshot wrote fails with
@@ -193,15 +226,31 @@ type WorkClaimManyRow struct {
 // The machine's own row is not touched: retrievals and foreign keys read
 // it, and on CockroachDB an exclusive lock blocks plain reads.
 //
+// It reads (without locking) every one of candidates, all the machines the
+// claiming requests retrieved (offer is among them), and returns:
+// unfenced, those without a claim row (WorkFencingEnsure makes them, once
+// per pair, outside any claim transaction); expired_machines, those whose
+// claim is held by a session past its deadline (with sweep, every claim of
+// the process held so, through work_process_idx: a caller sweeps now and
+// then, so that a dead worker's claims end whatever its retrievals
+// return), and expired_sessions, those sessions (with, for a capped
+// process with no free slot, the expired sessions that hold its slots). If
+// prefer_expired and there is such a claim, it claims nothing: the caller
+// takes those sessions over (Abandoned history for their claims, the
+// session deleted) and claims again, the freed candidates first, so that
+// a dead worker's machines are worked again at the first claim that sees
+// them rather than when the queue drains or garbage collection runs.
+//
 // It enforces the process's controls (process_controls, see 000015): it
 // reads the row FOR SHARE (a plain read on CockroachDB, whose SERIALIZABLE
 // orders it against a change) and claims nothing if the row is missing
 // (controlled is false: ProcessControlEnsure makes it) or paused. With a
 // cap, each claim takes a free slot below it (process_slots, locked FOR
-// UPDATE SKIP LOCKED; work_slot_idx makes a slot one live claim's), and
-// none while a live claim holds a slot at or above the cap (the cap was
-// lowered): claim_cap is the cap (NULL: none), free_slots how many slots
-// it locked.
+// UPDATE SKIP LOCKED, filtered first on PostgreSQL: see
+// WorkClaimManyArbitrated for CockroachDB; work_slot_idx makes a slot one
+// claim's), and none while a claim holds a slot at or above the cap (the
+// cap was lowered): claim_cap is the cap (NULL: none), free_slots how many
+// slots it took.
 //
 // It is also the claiming transaction's session check, first and, when no
 // statement follows it, last (see SessionCheck and SessionCheckBeforeCommit,
@@ -209,16 +258,19 @@ type WorkClaimManyRow struct {
 // nothing is claimed unless the session is alive at this statement, and it
 // lowers the transaction's idle_in_transaction_session_timeout to the time
 // the session has left (at most max_idle_ms). The statement returns one
-// row with alive and the controls' state and no claim if it claimed
-// nothing. Being the check, it comes right after the retrievals, whose
-// snapshot is then as fresh as can be when the candidates are locked.
+// row with alive, the controls' state and the arrays, and no claim if it
+// claimed nothing. Being the check, it comes right after the retrievals,
+// whose snapshot is then as fresh as can be when the candidates are locked.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
+		pq.Array(arg.Candidates),
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
+		arg.Sweep,
 		arg.MaxClaims,
-		pq.Array(arg.MachineIds),
+		pq.Array(arg.Offer),
+		arg.PreferExpired,
 		arg.ComponentName,
 	)
 	if err != nil {
@@ -234,6 +286,193 @@ func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([
 			&i.Paused,
 			&i.ClaimCap,
 			&i.FreeSlots,
+			pq.Array(&i.Unfenced),
+			pq.Array(&i.ExpiredMachines),
+			pq.Array(&i.ExpiredSessions),
+			&i.MachineID,
+			&i.ClaimID,
+			&i.FencingToken,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Close(); err != nil {
+		return nil, err
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const workClaimManyArbitrated = `-- name: WorkClaimManyArbitrated :many
+WITH live AS (
+    SELECT s.session_id,
+           set_config('idle_in_transaction_session_timeout',
+               GREATEST(1, LEAST($2::INT8,
+                   (EXTRACT(EPOCH FROM (s.deadline - statement_timestamp())) * 1000)::INT8))::TEXT || 'ms',
+               true) AS idle_timeout
+    FROM sessions s
+    WHERE s.session_id = $3::UUID AND s.deadline > statement_timestamp()
+    FOR KEY SHARE
+), ctl AS (
+    SELECT c.paused, c.claim_cap FROM process_controls c
+    WHERE c.process = $4::TEXT
+    FOR SHARE
+), open AS (
+    SELECT ctl.claim_cap FROM ctl WHERE NOT ctl.paused AND EXISTS (SELECT 1 FROM live)
+), seen AS (
+    SELECT f.machine_id, f.claimed FROM work_fencing f
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($1::UUID[])
+), expired AS (
+    SELECT w.machine_id, w.session_id
+    FROM seen JOIN work w ON w.machine_id = seen.machine_id AND w.process = $4::TEXT
+    JOIN sessions s ON s.session_id = w.session_id
+    WHERE seen.claimed AND s.deadline <= statement_timestamp()
+    UNION
+    SELECT w.machine_id, w.session_id
+    FROM work w JOIN sessions s ON s.session_id = w.session_id
+    WHERE $5::BOOLEAN AND w.process = $4::TEXT AND s.deadline <= statement_timestamp()
+), slots AS (
+    SELECT s.slot, (s.slot + o.claim_cap - $6::INT8 % o.claim_cap) % o.claim_cap AS ord
+    FROM process_slots s, open o
+    WHERE s.process = $4::TEXT AND s.slot < o.claim_cap
+      AND NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.process = $4::TEXT AND w.slot >= o.claim_cap
+      )
+      AND NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.process = $4::TEXT AND w.slot = s.slot
+      )
+    ORDER BY ord
+    LIMIT $7::INT8
+), slot_holders AS (
+    SELECT w.session_id FROM open o, work w JOIN sessions s ON s.session_id = w.session_id
+    WHERE o.claim_cap IS NOT NULL AND NOT EXISTS (SELECT 1 FROM slots)
+      AND w.process = $4::TEXT AND w.slot IS NOT NULL
+      AND s.deadline <= statement_timestamp()
+), locked AS (
+    SELECT f.machine_id FROM work_fencing f
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($8::UUID[])
+      AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
+      AND NOT ($9::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
+      AND (NOT f.claimed OR NOT EXISTS (
+          SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
+      ))
+      AND NOT EXISTS (
+          SELECT 1 FROM work_backoff b
+          WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
+      )
+    ORDER BY array_position($8::UUID[], f.machine_id)
+    LIMIT $7::INT8
+    FOR UPDATE SKIP LOCKED
+), picks AS (
+    SELECT l.machine_id, sl.slot
+    FROM (SELECT locked.machine_id,
+                 row_number() OVER (ORDER BY array_position($8::UUID[], locked.machine_id)) AS n
+          FROM locked) AS l
+    LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.ord) AS n FROM slots) AS sl ON sl.n = l.n
+    WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
+), claim AS (
+    INSERT INTO work (machine_id, process, session_id, started_at, slot)
+    SELECT picks.machine_id, $4::TEXT, $3::UUID, clock_timestamp(), picks.slot
+    FROM picks
+    ON CONFLICT DO NOTHING
+    RETURNING machine_id, process, session_id, started_at, claim_id
+), fence AS (
+    UPDATE work_fencing f SET token = f.token + 1, version = f.version + 1, claimed = TRUE
+    FROM claim WHERE f.machine_id = claim.machine_id AND f.process = claim.process
+    RETURNING f.machine_id, f.token, f.version
+), started AS (
+    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token, seq)
+    SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
+           $10::TEXT, claim.claim_id, fence.token, fence.version
+    FROM claim JOIN fence ON fence.machine_id = claim.machine_id
+    RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
+)
+SELECT EXISTS (SELECT 1 FROM live) AS alive,
+       EXISTS (SELECT 1 FROM ctl) AS controlled,
+       EXISTS (SELECT 1 FROM ctl WHERE ctl.paused) AS paused,
+       (SELECT ctl.claim_cap FROM ctl) AS claim_cap,
+       (SELECT count(*) FROM slots)::INT8 AS free_slots,
+       (SELECT array_agg(c.machine_id) FROM unnest($1::UUID[]) AS c (machine_id)
+        WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.machine_id = c.machine_id))::UUID[] AS unfenced,
+       (SELECT array_agg(expired.machine_id) FROM expired)::UUID[] AS expired_machines,
+       (SELECT array_agg(DISTINCT h.session_id) FROM (
+            SELECT expired.session_id FROM expired UNION ALL SELECT slot_holders.session_id FROM slot_holders
+        ) AS h)::UUID[] AS expired_sessions,
+       started.machine_id, started.claim_id, started.fencing_token
+FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
+`
+
+type WorkClaimManyArbitratedParams struct {
+	Candidates    []uuid.UUID
+	MaxIdleMs     int64
+	SessionID     uuid.UUID
+	Process       string
+	Sweep         bool
+	SlotStart     int64
+	MaxClaims     int64
+	Offer         []uuid.UUID
+	PreferExpired bool
+	ComponentName string
+}
+
+type WorkClaimManyArbitratedRow struct {
+	Alive           bool
+	Controlled      bool
+	Paused          bool
+	ClaimCap        sql.NullInt64
+	FreeSlots       int64
+	Unfenced        []uuid.UUID
+	ExpiredMachines []uuid.UUID
+	ExpiredSessions []uuid.UUID
+	MachineID       uuid.NullUUID
+	ClaimID         uuid.NullUUID
+	FencingToken    sql.NullInt64
+}
+
+// WorkClaimManyArbitrated is WorkClaimMany for CockroachDB, where a locking
+// read locks every row its scan fetches, before its filters and its LIMIT
+// (lock at fetch): WorkClaimMany's FOR UPDATE of process_slots would lock
+// every slot of the process, free or held, and a concurrent claim of the
+// process would skip them all and find its cap reached. Here the slots are
+// not locked: each claim takes free slots as its snapshot shows them (a
+// plain read), starting from slot_start modulo the cap so that concurrent
+// claims spread over them, and work_slot_idx, the unique key of (process,
+// slot), arbitrates: of two claims that took the same slot, the second
+// waits for the first and then fails (a serialization failure, retried)
+// or, if the first rolled back, claims. It locks nothing but the claim
+// rows of what it offers. Everything else is WorkClaimMany's.
+func (q *Queries) WorkClaimManyArbitrated(ctx context.Context, arg WorkClaimManyArbitratedParams) ([]WorkClaimManyArbitratedRow, error) {
+	rows, err := q.query(ctx, q.workClaimManyArbitratedStmt, workClaimManyArbitrated,
+		pq.Array(arg.Candidates),
+		arg.MaxIdleMs,
+		arg.SessionID,
+		arg.Process,
+		arg.Sweep,
+		arg.SlotStart,
+		arg.MaxClaims,
+		pq.Array(arg.Offer),
+		arg.PreferExpired,
+		arg.ComponentName,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WorkClaimManyArbitratedRow{}
+	for rows.Next() {
+		var i WorkClaimManyArbitratedRow
+		if err := rows.Scan(
+			&i.Alive,
+			&i.Controlled,
+			&i.Paused,
+			&i.ClaimCap,
+			&i.FreeSlots,
+			pq.Array(&i.Unfenced),
+			pq.Array(&i.ExpiredMachines),
+			pq.Array(&i.ExpiredSessions),
 			&i.MachineID,
 			&i.ClaimID,
 			&i.FencingToken,
@@ -330,15 +569,16 @@ WITH ended AS (
 ), fenced AS (
     UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
-    RETURNING f.machine_id
+    RETURNING f.machine_id, f.version
 ), causes AS (
     SELECT ($6::UUID[])[i] AS claim_id, ($7::TEXT[])[i] AS cause
     FROM generate_series(1, array_length($6::UUID[], 1)) AS i
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, failed_cause, component_name, claim_id, seq)
 SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
-       statement_timestamp(), NULLIF(causes.cause, ''), $2::TEXT, ended.claim_id
+       statement_timestamp(), NULLIF(causes.cause, ''), $2::TEXT, ended.claim_id, fenced.version
 FROM ended JOIN causes ON causes.claim_id = ended.claim_id
+LEFT JOIN fenced ON fenced.machine_id = ended.machine_id
 RETURNING work_history.claim_id
 `
 
@@ -395,12 +635,12 @@ WITH ended AS (
 ), fenced AS (
     UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
-    RETURNING f.machine_id
+    RETURNING f.machine_id, f.process, f.version
 )
-INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, seq)
 SELECT ended.machine_id, ended.process, ended.session_id, $1::work_history_event,
-       statement_timestamp(), $2::TEXT, ended.claim_id
-FROM ended
+       statement_timestamp(), $2::TEXT, ended.claim_id, fenced.version
+FROM ended LEFT JOIN fenced ON fenced.machine_id = ended.machine_id AND fenced.process = ended.process
 RETURNING work_history.process
 `
 
@@ -509,17 +749,17 @@ WITH live AS (
 ), fenced AS (
     UPDATE work_fencing f SET version = f.version + 1, claimed = FALSE
     FROM ended WHERE f.machine_id = ended.machine_id AND f.process = ended.process
-    RETURNING f.machine_id
+    RETURNING f.machine_id, f.version
 ), cleared AS (
     DELETE FROM work_backoff
     WHERE work_backoff.machine_id IN (SELECT ended.machine_id FROM ended)
       AND work_backoff.process = $3::TEXT
     RETURNING work_backoff.machine_id
 ), finished AS (
-    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id)
+    INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, seq)
     SELECT ended.machine_id, ended.process, ended.session_id, 'Finished', statement_timestamp(),
-           $6::TEXT, ended.claim_id
-    FROM ended
+           $6::TEXT, ended.claim_id, fenced.version
+    FROM ended LEFT JOIN fenced ON fenced.machine_id = ended.machine_id
     RETURNING work_history.claim_id
 )
 SELECT EXISTS (SELECT 1 FROM live) AS alive, finished.claim_id

@@ -8,14 +8,16 @@ package store
 import (
 	"context"
 	"database/sql"
+	"time"
 
 	"github.com/google/uuid"
 )
 
 const workHistoryInsert = `-- name: WorkHistoryInsert :exec
-INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name)
+INSERT INTO work_history (machine_id, process, session_id, event, failed_cause, component_name, seq)
 VALUES ($1, $2, $3,
-        $4, $5, $6)
+        $4, $5, $6,
+        (SELECT f.version FROM work_fencing f WHERE f.machine_id = $1 AND f.process = $2))
 `
 
 type WorkHistoryInsertParams struct {
@@ -28,7 +30,9 @@ type WorkHistoryInsertParams struct {
 }
 
 // WorkHistoryInsert records one event that is not part of a claim's life,
-// e.g. an operator's BackoffCleared.
+// e.g. an operator's BackoffCleared, placed in the pair's history after
+// its last claim or end (seq: the pair's claim row's version, not
+// incremented; none if the pair was never claimed).
 func (q *Queries) WorkHistoryInsert(ctx context.Context, arg WorkHistoryInsertParams) error {
 	_, err := q.exec(ctx, q.workHistoryInsertStmt, workHistoryInsert,
 		arg.MachineID,
@@ -41,28 +45,64 @@ func (q *Queries) WorkHistoryInsert(ctx context.Context, arg WorkHistoryInsertPa
 	return err
 }
 
-const workHistoryPrune = `-- name: WorkHistoryPrune :execrows
-DELETE FROM work_history
-WHERE id IN (
-    SELECT h.id FROM work_history h
-    WHERE h.at < now() - $1::FLOAT8 * INTERVAL '1 second'
-    ORDER BY h.at
-    LIMIT $2
+const workHistoryPrune = `-- name: WorkHistoryPrune :one
+WITH doomed AS (
+    SELECT h.id, h.at FROM work_history h
+    WHERE h.at >= $1::TIMESTAMPTZ
+      AND h.at < statement_timestamp() - $2::FLOAT8 * INTERVAL '1 second'
+    ORDER BY h.at, h.id
+    LIMIT $3
+), gone AS (
+    DELETE FROM work_history WHERE id IN (SELECT doomed.id FROM doomed)
+    RETURNING id
+), mark AS (
+    INSERT INTO work_history_retention (singleton, pruned_before)
+    SELECT TRUE, max(doomed.at) FROM doomed HAVING count(*) > 0
+    ON CONFLICT (singleton) DO UPDATE
+    SET pruned_before = GREATEST(work_history_retention.pruned_before, excluded.pruned_before)
+    RETURNING pruned_before
 )
+SELECT (SELECT count(*) FROM gone)::INT8 AS deleted,
+       COALESCE((SELECT max(doomed.at) FROM doomed), $1::TIMESTAMPTZ)::TIMESTAMPTZ AS last_at
 `
 
 type WorkHistoryPruneParams struct {
+	FromAt           time.Time
 	OlderThanSeconds float64
 	BatchSize        int32
 }
 
-// WorkHistoryPrune deletes up to batch_size of the oldest history rows older
-// than older_than_seconds on the database clock. Retention calls it until it
-// deletes nothing, one transaction per batch.
-func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPruneParams) (int64, error) {
-	result, err := q.exec(ctx, q.workHistoryPruneStmt, workHistoryPrune, arg.OlderThanSeconds, arg.BatchSize)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
+type WorkHistoryPruneRow struct {
+	Deleted int64
+	LastAt  time.Time
+}
+
+// WorkHistoryPrune deletes up to batch_size of the oldest history rows
+// dated from from_at on and older than older_than_seconds on the database
+// clock, oldest first, records in work_history_retention that every row
+// dated before the last one it deleted is gone, and returns how many it
+// deleted and that date (from_at if none). Retention calls it until it deletes fewer than
+// batch_size, one transaction per batch, each from where the last got
+// (from_at: WorkHistoryPrunedBefore's, then each batch's last_at), so that
+// no batch and no later run reads again what an earlier one deleted: on
+// CockroachDB a deleted entry of work_history_at_idx stays, and is stepped
+// over by every scan, for gc.ttlseconds.
+func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPruneParams) (WorkHistoryPruneRow, error) {
+	row := q.queryRow(ctx, q.workHistoryPruneStmt, workHistoryPrune, arg.FromAt, arg.OlderThanSeconds, arg.BatchSize)
+	var i WorkHistoryPruneRow
+	err := row.Scan(&i.Deleted, &i.LastAt)
+	return i, err
+}
+
+const workHistoryPrunedBefore = `-- name: WorkHistoryPrunedBefore :one
+SELECT pruned_before FROM work_history_retention WHERE singleton
+`
+
+// WorkHistoryPrunedBefore returns how far retention got: every history row
+// dated before it is gone (no row: retention never ran).
+func (q *Queries) WorkHistoryPrunedBefore(ctx context.Context) (time.Time, error) {
+	row := q.queryRow(ctx, q.workHistoryPrunedBeforeStmt, workHistoryPrunedBefore)
+	var pruned_before time.Time
+	err := row.Scan(&pruned_before)
+	return pruned_before, err
 }

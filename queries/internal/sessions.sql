@@ -74,48 +74,43 @@ DELETE FROM sessions WHERE session_id = sqlc.arg(session_id);
 -- name: SessionExpiryBound :one
 -- SessionExpiryBound returns GC's expiry bound on the database clock: a
 -- session whose deadline is before it expired more than grace_seconds ago.
--- No session's deadline is ever set below it (a heartbeat or a new session
--- sets now() + interval), which is what lets GC remember how far it got.
 SELECT (statement_timestamp() - sqlc.arg(grace_seconds)::FLOAT8 * INTERVAL '1 second')::TIMESTAMPTZ AS bound;
 
 -- name: SessionListExpired :many
--- SessionListExpired returns up to row_limit sessions whose deadline is in
--- [after, before), oldest first, without locking them. before is
--- SessionExpiryBound's; after is where GC's last complete pass got (a
--- window), or the zero time (a full pass). It reads that span of
--- sessions_deadline_idx and nothing else, not the deleted entries that
--- heartbeats leave below the window on CockroachDB (gc.go).
-SELECT session_id, deadline FROM sessions
-WHERE deadline >= sqlc.arg(after)::TIMESTAMPTZ AND deadline < sqlc.arg(before)::TIMESTAMPTZ
-ORDER BY deadline, session_id
+-- SessionListExpired returns up to row_limit sessions whose deadline is
+-- before before (SessionExpiryBound's), by id, without locking them: a
+-- scan of the sessions' primary index, the only index on the table, whose
+-- entries heartbeats rewrite in place (a secondary index on deadline would
+-- gain a deleted entry per heartbeat on CockroachDB, kept for
+-- gc.ttlseconds). GC runs it outside the transactions that delete, on
+-- CockroachDB in a read-only transaction at follower_read_timestamp()
+-- (gc.go), so that it neither waits for nor holds up a heartbeat.
+SELECT session_id FROM sessions
+WHERE deadline < sqlc.arg(before)::TIMESTAMPTZ
+ORDER BY session_id
 LIMIT sqlc.arg(row_limit);
 
 -- name: SessionLockExpired :many
--- SessionLockExpired locks, for deletion, those of session_ids (expired
--- ones, from SessionListExpired) that still exist, by primary key, and
--- returns them. (An expired session's deadline never moves again, and a
--- condition on it would let PostgreSQL read sessions_deadline_idx from its
--- start instead of the keys.) A locking read locks only the keys of the
--- index it reads on CockroachDB (cockroach#57031), and a takeover's
--- SessionLockIfExpired reads the primary key: locked here, a session GC is
--- deleting is skipped by a takeover, and GC waits for a takeover in
--- progress (bounded by lock_timeout), after which the row is gone: on
--- PostgreSQL its SERIALIZABLE lock fails (40001) and the retry does not
--- see the row; on CockroachDB it reads above the takeover's commit or
--- fails its refresh (40001) and retries. The lookup reads only the given
--- keys, so it locks no live session (CockroachDB locks every row a
--- locking scan reads, unless optimizer_use_lock_op_for_serializable is
--- on). PostgreSQL locks the rows in (deadline, session_id) order, the same
--- in every GC, so two GCs cannot deadlock; CockroachDB detects a deadlock
--- and aborts one of them (40001, retried). GC runs it before it writes,
--- so that it takes the session rows before their claims, in the same
--- order as every session transaction: a stalled transaction's lock on its
--- row (PostgreSQL) or its intents (CockroachDB) make GC wait, bounded by
--- lock_timeout.
+-- SessionLockExpired locks, for deletion, those of session_ids (from
+-- SessionListExpired) that still exist and are still expired before
+-- before, by primary key, skipping those another transaction holds (a
+-- takeover superseding them, another GC deleting them, or, on PostgreSQL,
+-- a stalled transaction of the expired session holding its row FOR KEY
+-- SHARE: a later pass collects it), and returns them. The lookup reads
+-- only the given keys: on CockroachDB, which locks every row a locking
+-- read fetches before its filters (lock at fetch), it locks only listed
+-- sessions, which are expired (a listed session whose row the listing read
+-- before a heartbeat moved it is locked for this short transaction too,
+-- and not returned). The rows are locked in id order, the same in every
+-- GC. A takeover's SessionLockIfExpired reads the same key: the two skip
+-- each other. GC runs it before it writes, so that it takes the session
+-- rows before their claims, in the same order as every session
+-- transaction.
 SELECT session_id FROM sessions
 WHERE session_id = ANY (sqlc.arg(session_ids)::UUID[])
-ORDER BY deadline, session_id
-FOR UPDATE;
+  AND deadline < sqlc.arg(before)::TIMESTAMPTZ
+ORDER BY session_id
+FOR UPDATE SKIP LOCKED;
 
 -- name: SessionLockIfExpired :one
 -- SessionLockIfExpired locks an expired session for deletion (a takeover of
