@@ -102,6 +102,9 @@ func (l *Loop) drained(ctx context.Context, sess *bmdb.Session, idle time.Durati
 	left, err := model.New(l.conn.DB()).CurrentWorkLeftForProcess(ctx, model.CurrentWorkLeftForProcessParams{
 		Process: l.cfg.Process, SessionID: sess.ID(),
 	})
+	if err == nil {
+		l.countWarn.ok()
+	}
 	over := time.Since(dr.since) >= l.cfg.DrainTimeout
 	switch {
 	case err != nil && ctx.Err() != nil:
@@ -110,7 +113,7 @@ func (l *Loop) drained(ctx context.Context, sess *bmdb.Session, idle time.Durati
 		l.stop(fmt.Errorf("worker %s: idle for %v, but counting the work left failed: %w", l.cfg.Process, idle.Round(time.Millisecond), err))
 		return true
 	case err != nil:
-		klog.Warningf("worker %s: idle; counting the work left: %v", l.cfg.Process, err)
+		l.countWarn.warn(fmt.Sprintf("worker %s: idle; counting the work left: %v", l.cfg.Process, err))
 	case left.InBackoff == 0 && left.ClaimedByOthers == 0:
 		dr.emptyAt.polls, dr.emptyAt.claimed = polls, claimed // to confirm with one more claim
 	case over:

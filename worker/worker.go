@@ -258,6 +258,11 @@ type Loop struct {
 	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
 	paused, capped                                    atomic.Int64
 	slept                                             atomic.Int64 // nanoseconds
+
+	// Warnings of polls that fail, each logged once with a count (see
+	// repeated): claims, session starts, counts of the work left. Owned
+	// by Run's goroutine, which the claimer runs on.
+	claimWarn, sessionWarn, countWarn repeated
 }
 
 // New returns a Loop over conn, or an error wrapping bmdb.ErrInvalidArgument
@@ -316,6 +321,10 @@ var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
 // So a nil error from a Loop with StopWhenIdle means that the process had
 // nothing left: every machine its Retrieve proposed was processed, none
 // is in backoff, and no other session holds a claim of it.
+//
+// Warnings of polls that fail for a reason a retry may fix are logged
+// once, then counted: "(repeated N times in D)" follows when the reason
+// changes or ends, and every 30 s while it lasts.
 func (l *Loop) Run(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
@@ -330,9 +339,10 @@ func (l *Loop) Run(ctx context.Context) error {
 			case bmdb.IsPermanent(err):
 				l.permanent(fmt.Errorf("%w: worker %s: starting a session: %w", ErrPermanent, l.cfg.Process, err))
 			case runCtx.Err() == nil:
-				klog.Warningf("worker %s: starting session: %v", l.cfg.Process, err)
+				l.sessionWarn.warn(fmt.Sprintf("worker %s: starting session: %v", l.cfg.Process, err))
 			}
 		} else {
+			l.sessionWarn.ok()
 			l.sessions.Add(1)
 			l.runSession(runCtx, sess)
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), l.cfg.ShutdownGrace+time.Second)
@@ -345,6 +355,9 @@ func (l *Loop) Run(ctx context.Context) error {
 			_ = wait.Sleep(runCtx, l.cfg.RestartDelay)
 		}
 	}
+	l.claimWarn.ok()
+	l.sessionWarn.ok()
+	l.countWarn.ok()
 	if cause := context.Cause(runCtx); cause != errIdle && !errors.Is(cause, context.Cause(ctx)) {
 		return cause // l.stop's, before ctx ended: a permanent error, a *LeftError, or why the work left could not be counted
 	}
@@ -456,7 +469,9 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 				l.permanent(fmt.Errorf("%w: worker %s: claiming: %w", ErrPermanent, l.cfg.Process, err))
 				return
 			case !idle && !held:
-				klog.Warningf("worker %s: claiming: %v", l.cfg.Process, err)
+				l.claimWarn.warn(fmt.Sprintf("worker %s: claiming: %v", l.cfg.Process, err))
+			default:
+				l.claimWarn.ok()
 			}
 			delay := poll - rand.N(poll/2+1)
 			if l.cfg.StopWhenIdle > 0 {
@@ -484,6 +499,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 			poll = min(2*poll, l.cfg.PollMax)
 			continue
 		}
+		l.claimWarn.ok()
 		idleSince = time.Time{}
 		poll, widen = l.cfg.PollMin, 0
 		for _, w := range works {
@@ -659,6 +675,8 @@ func (l *Loop) record(workCtx context.Context, w *bmdb.Work, counter *atomic.Int
 // the claim).
 func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 	delay := l.cfg.PollMin
+	var warned repeated
+	defer warned.ok()
 	for {
 		err := l.bounded(workCtx, w.Cancel)
 		switch {
@@ -669,7 +687,7 @@ func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 			l.lost.Add(1)
 			return
 		}
-		klog.Warningf("worker %s: canceling claim of %s: %v; retrying", l.cfg.Process, w.Machine(), err)
+		warned.warn(fmt.Sprintf("worker %s: canceling claim of %s: %v; retrying", l.cfg.Process, w.Machine(), err))
 		if wait.Sleep(workCtx, delay-rand.N(delay/2+1)) != nil {
 			l.lost.Add(1)
 			return
