@@ -47,7 +47,10 @@ var BackoffDefault = bmdb.Backoff{Initial: time.Second, Maximum: 5 * time.Minute
 
 // Retrieve returns candidate machines for the process, at most limit of
 // them, in order of preference. It runs inside Work's transaction and may
-// run several times: it must only read, through tx.
+// run several times: it must only read, through tx. Every id it returns
+// must be a machine's (machines.machine_id): an id that is not is a bug of
+// the retrieval, which ends Run with an error wrapping ErrPermanent and
+// bmdb.ErrUnknownMachine, naming the id.
 type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error)
 
 // Handler does the work on a claimed machine outside any transaction, and
@@ -292,12 +295,14 @@ func (l *Loop) Stats() Stats {
 // ErrAlreadyRunning is returned by a second call of Run.
 var ErrAlreadyRunning = errors.New("worker: Run called twice")
 
-// ErrPermanent is wrapped, together with the database error that caused
-// it, by the error Run returns when it met an error that no retry can fix
-// (bmdb.IsPermanent): a retrieval or a commit that selects from a missing
-// table or column, has a syntax error, lacks a privilege or mismatches a
-// type, or a session that cannot be started for such a reason. The
-// message names the process, and the machine for a commit.
+// ErrPermanent is wrapped, together with the error that caused it, by the
+// error Run returns when it met an error that no retry can fix: a
+// database error (bmdb.IsPermanent) of a retrieval or a commit that
+// selects from a missing table or column, has a syntax error, lacks a
+// privilege or mismatches a type, or of a session start; or a retrieval
+// that returned an id that is not a machine (bmdb.ErrUnknownMachine, see
+// Retrieve). The message names the process, and the machine for a
+// commit or the id for a retrieval.
 var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
 
 // Run claims and processes machines until ctx is done, then shuts down: it
@@ -467,6 +472,13 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 			switch {
 			case bmdb.IsPermanent(err):
 				l.permanent(fmt.Errorf("%w: worker %s: claiming: %w", ErrPermanent, l.cfg.Process, err))
+				return
+			case errors.Is(err, bmdb.ErrUnknownMachine):
+				// Retrieve runs in the claim's transaction, on the snapshot
+				// the claim checks: an id it returns that is not a machine
+				// is not a race a retry outlives but a bug of the
+				// retrieval, which returns it again on every poll.
+				l.permanent(fmt.Errorf("%w: worker %s: claiming: Config.Retrieve returned an id that is not a machine, a bug in the retrieval: %w", ErrPermanent, l.cfg.Process, err))
 				return
 			case !idle && !held:
 				l.claimWarn.warn(fmt.Sprintf("worker %s: claiming: %v", l.cfg.Process, err))
