@@ -99,15 +99,17 @@ func TestClaimWarningLoggedOnceWithCount(t *testing.T) {
 // A retrieval that returns an id that is not a machine is a bug of the
 // application's: Run ends at once with an error wrapping
 // bmdb.ErrUnknownMachine and ErrPermanent that names the process and the
-// id (not a warning every poll, then nil), with StopWhenIdle or
-// without.
+// id (not a warning every poll, then nil), alone or in a group, with
+// StopWhenIdle or without.
 func TestUnknownMachineEndsRun(t *testing.T) {
 	for i, tc := range []struct {
-		name string
-		idle time.Duration
+		name  string
+		idle  time.Duration
+		group bool
 	}{
 		{name: "alone"},
 		{name: "alone, stop when idle", idle: 100 * time.Millisecond},
+		{name: "group, stop when idle", idle: 100 * time.Millisecond, group: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logs := tapKlog(t)
@@ -128,7 +130,17 @@ func TestUnknownMachineEndsRun(t *testing.T) {
 				t.Fatal(err)
 			}
 			start := time.Now()
-			err = returned(t, runAsync(t, l), 30*time.Second)
+			if tc.group {
+				// Beside a stage that works on the real machines.
+				other, newErr := New(e.conn, Config{Process: process, Retrieve: retrieveNotDone, StopWhenIdle: tc.idle,
+					Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) { return markDone(w), nil }})
+				if newErr != nil {
+					t.Fatal(newErr)
+				}
+				err = returned(t, runAllAsync(t, other, l), 30*time.Second)
+			} else {
+				err = returned(t, runAsync(t, l), 30*time.Second)
+			}
 			took := time.Since(start)
 			if !errors.Is(err, bmdb.ErrUnknownMachine) || !errors.Is(err, ErrPermanent) {
 				t.Fatalf("Run = %v, want an error wrapping bmdb.ErrUnknownMachine and ErrPermanent", err)

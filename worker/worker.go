@@ -13,6 +13,11 @@
 // so a worker that lost its claims stops working on them; it is not
 // cancelled when Run's context is, so in-flight work may finish within
 // Config.ShutdownGrace.
+//
+// A process that runs several loops, such as the stages of a pipeline
+// whose later stages work on what earlier ones finished, runs them with
+// RunAll: with Config.StopWhenIdle they stop together, once all of them
+// are idle at once, not each when it alone is.
 package worker
 
 import (
@@ -138,9 +143,10 @@ type Config struct {
 	// and claims held by other sessions (still at work, or dead and not
 	// yet expired). If there is none it returns nil; otherwise it waits
 	// for up to DrainTimeout more, and returns a *LeftError saying how
-	// much was left if the work has not been done by then. Defaults to 0:
-	// Run returns only when its context is done (or on a permanent
-	// error).
+	// much was left if the work has not been done by then. A loop run by
+	// RunAll does not stop by itself: its group stops when every loop
+	// would, at the same time. Defaults to 0: Run returns only when its
+	// context is done (or on a permanent error).
 	StopWhenIdle time.Duration
 	// DrainTimeout is how long a loop that is idle for StopWhenIdle with
 	// work of its process left keeps polling for that work to become
@@ -262,6 +268,9 @@ type Loop struct {
 	paused, capped                                    atomic.Int64
 	slept                                             atomic.Int64 // nanoseconds
 
+	// member is the loop's place in RunAll's group; nil when it runs
+	// alone. Set by RunAll before Run starts.
+	member *member
 	// Warnings of polls that fail, each logged once with a count (see
 	// repeated): claims, session starts, counts of the work left. Owned
 	// by Run's goroutine, which the claimer runs on.
@@ -292,8 +301,9 @@ func (l *Loop) Stats() Stats {
 	}
 }
 
-// ErrAlreadyRunning is returned by a second call of Run.
-var ErrAlreadyRunning = errors.New("worker: Run called twice")
+// ErrAlreadyRunning is returned by Run, and wrapped by RunAll's error, for
+// a Loop that was run before (by Run or RunAll).
+var ErrAlreadyRunning = errors.New("worker: loop already run (Run or RunAll called twice)")
 
 // ErrPermanent is wrapped, together with the error that caused it, by the
 // error Run returns when it met an error that no retry can fix: a
@@ -325,7 +335,9 @@ var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
 //
 // So a nil error from a Loop with StopWhenIdle means that the process had
 // nothing left: every machine its Retrieve proposed was processed, none
-// is in backoff, and no other session holds a claim of it.
+// is in backoff, and no other session holds a claim of it. A process that
+// runs several loops, stages whose input is what others finish, runs
+// them with RunAll instead: one loop's idleness is not the pipeline's.
 //
 // Warnings of polls that fail for a reason a retry may fix are logged
 // once, then counted: "(repeated N times in D)" follows when the reason
@@ -334,6 +346,11 @@ func (l *Loop) Run(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	return l.run(ctx)
+}
+
+// run is Run, once started (by Run or RunAll).
+func (l *Loop) run(ctx context.Context) error {
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	l.stop = stop
@@ -427,6 +444,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	paused := false         // the last claim call found the process paused
 	capped := false         // the last claim calls found the process at its cap, and got no more since
 	var dr drain            // StopWhenIdle's wait for work left
+	defer l.member.busy()   // between sessions, or stopping: not idle
 	for {
 		select {
 		case busy <- struct{}{}:
@@ -490,6 +508,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 				switch {
 				case !idle || len(busy) > 0 || len(ending) > 0:
 					idleSince = time.Time{}
+					l.member.busy()
 				case idleSince.IsZero():
 					idleSince = time.Now()
 				case time.Since(idleSince) >= l.cfg.StopWhenIdle && l.drained(claimCtx, sess, time.Since(idleSince), &dr, err):
@@ -513,6 +532,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		}
 		l.claimWarn.ok()
 		idleSince = time.Time{}
+		l.member.busy()
 		poll, widen = l.cfg.PollMin, 0
 		for _, w := range works {
 			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
@@ -567,8 +587,9 @@ func (l *Loop) wakeClaimer() {
 	}
 }
 
-// sleep waits d (or until ctx ends) between claim calls, and counts it.
-func (l *Loop) sleep(ctx context.Context, d time.Duration) { l.sleepUntil(ctx, d, nil) }
+// sleep waits d (or until ctx ends, or the loop's group asks for a poll)
+// between claim calls, and counts it.
+func (l *Loop) sleep(ctx context.Context, d time.Duration) { l.sleepUntil(ctx, d, l.member.woken()) }
 
 // sleepUntil is sleep, ended early by a receive on wake (nil: never).
 func (l *Loop) sleepUntil(ctx context.Context, d time.Duration, wake <-chan struct{}) {
