@@ -13,6 +13,11 @@
 // so a worker that lost its claims stops working on them; it is not
 // cancelled when Run's context is, so in-flight work may finish within
 // Config.ShutdownGrace.
+//
+// A process that runs several loops, such as the stages of a pipeline
+// whose later stages work on what earlier ones finished, runs them with
+// RunAll: with Config.StopWhenIdle they stop together, once all of them
+// are idle at once, not each when it alone is.
 package worker
 
 import (
@@ -47,7 +52,10 @@ var BackoffDefault = bmdb.Backoff{Initial: time.Second, Maximum: 5 * time.Minute
 
 // Retrieve returns candidate machines for the process, at most limit of
 // them, in order of preference. It runs inside Work's transaction and may
-// run several times: it must only read, through tx.
+// run several times: it must only read, through tx. Every id it returns
+// must be a machine's (machines.machine_id): an id that is not is a bug of
+// the retrieval, which ends Run with an error wrapping ErrPermanent and
+// bmdb.ErrUnknownMachine, naming the id.
 type Retrieve func(ctx context.Context, tx *bmdb.Tx, limit int32) ([]uuid.UUID, error)
 
 // Handler does the work on a claimed machine outside any transaction, and
@@ -135,9 +143,10 @@ type Config struct {
 	// and claims held by other sessions (still at work, or dead and not
 	// yet expired). If there is none it returns nil; otherwise it waits
 	// for up to DrainTimeout more, and returns a *LeftError saying how
-	// much was left if the work has not been done by then. Defaults to 0:
-	// Run returns only when its context is done (or on a permanent
-	// error).
+	// much was left if the work has not been done by then. A loop run by
+	// RunAll does not stop by itself: its group stops when every loop
+	// would, at the same time. Defaults to 0: Run returns only when its
+	// context is done (or on a permanent error).
 	StopWhenIdle time.Duration
 	// DrainTimeout is how long a loop that is idle for StopWhenIdle with
 	// work of its process left keeps polling for that work to become
@@ -258,6 +267,14 @@ type Loop struct {
 	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
 	paused, capped                                    atomic.Int64
 	slept                                             atomic.Int64 // nanoseconds
+
+	// member is the loop's place in RunAll's group; nil when it runs
+	// alone. Set by RunAll before Run starts.
+	member *member
+	// Warnings of polls that fail, each logged once with a count (see
+	// repeated): claims, session starts, counts of the work left. Owned
+	// by Run's goroutine, which the claimer runs on.
+	claimWarn, sessionWarn, countWarn repeated
 }
 
 // New returns a Loop over conn, or an error wrapping bmdb.ErrInvalidArgument
@@ -284,15 +301,18 @@ func (l *Loop) Stats() Stats {
 	}
 }
 
-// ErrAlreadyRunning is returned by a second call of Run.
-var ErrAlreadyRunning = errors.New("worker: Run called twice")
+// ErrAlreadyRunning is returned by Run, and wrapped by RunAll's error, for
+// a Loop that was run before (by Run or RunAll).
+var ErrAlreadyRunning = errors.New("worker: loop already run (Run or RunAll called twice)")
 
-// ErrPermanent is wrapped, together with the database error that caused
-// it, by the error Run returns when it met an error that no retry can fix
-// (bmdb.IsPermanent): a retrieval or a commit that selects from a missing
-// table or column, has a syntax error, lacks a privilege or mismatches a
-// type, or a session that cannot be started for such a reason. The
-// message names the process, and the machine for a commit.
+// ErrPermanent is wrapped, together with the error that caused it, by the
+// error Run returns when it met an error that no retry can fix: a
+// database error (bmdb.IsPermanent) of a retrieval or a commit that
+// selects from a missing table or column, has a syntax error, lacks a
+// privilege or mismatches a type, or of a session start; or a retrieval
+// that returned an id that is not a machine (bmdb.ErrUnknownMachine, see
+// Retrieve). The message names the process, and the machine for a
+// commit or the id for a retrieval.
 var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
 
 // Run claims and processes machines until ctx is done, then shuts down: it
@@ -315,11 +335,22 @@ var ErrPermanent = errors.New("worker: permanent error, no retry can fix it")
 //
 // So a nil error from a Loop with StopWhenIdle means that the process had
 // nothing left: every machine its Retrieve proposed was processed, none
-// is in backoff, and no other session holds a claim of it.
+// is in backoff, and no other session holds a claim of it. A process that
+// runs several loops, stages whose input is what others finish, runs
+// them with RunAll instead: one loop's idleness is not the pipeline's.
+//
+// Warnings of polls that fail for a reason a retry may fix are logged
+// once, then counted: "(repeated N times in D)" follows when the reason
+// changes or ends, and every 30 s while it lasts.
 func (l *Loop) Run(ctx context.Context) error {
 	if !l.started.CompareAndSwap(false, true) {
 		return ErrAlreadyRunning
 	}
+	return l.run(ctx)
+}
+
+// run is Run, once started (by Run or RunAll).
+func (l *Loop) run(ctx context.Context) error {
 	runCtx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
 	l.stop = stop
@@ -330,9 +361,10 @@ func (l *Loop) Run(ctx context.Context) error {
 			case bmdb.IsPermanent(err):
 				l.permanent(fmt.Errorf("%w: worker %s: starting a session: %w", ErrPermanent, l.cfg.Process, err))
 			case runCtx.Err() == nil:
-				klog.Warningf("worker %s: starting session: %v", l.cfg.Process, err)
+				l.sessionWarn.warn(fmt.Sprintf("worker %s: starting session: %v", l.cfg.Process, err))
 			}
 		} else {
+			l.sessionWarn.ok()
 			l.sessions.Add(1)
 			l.runSession(runCtx, sess)
 			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(runCtx), l.cfg.ShutdownGrace+time.Second)
@@ -345,6 +377,9 @@ func (l *Loop) Run(ctx context.Context) error {
 			_ = wait.Sleep(runCtx, l.cfg.RestartDelay)
 		}
 	}
+	l.claimWarn.ok()
+	l.sessionWarn.ok()
+	l.countWarn.ok()
 	if cause := context.Cause(runCtx); cause != errIdle && !errors.Is(cause, context.Cause(ctx)) {
 		return cause // l.stop's, before ctx ended: a permanent error, a *LeftError, or why the work left could not be counted
 	}
@@ -409,6 +444,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	paused := false         // the last claim call found the process paused
 	capped := false         // the last claim calls found the process at its cap, and got no more since
 	var dr drain            // StopWhenIdle's wait for work left
+	defer l.member.busy()   // between sessions, or stopping: not idle
 	for {
 		select {
 		case busy <- struct{}{}:
@@ -455,14 +491,24 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 			case bmdb.IsPermanent(err):
 				l.permanent(fmt.Errorf("%w: worker %s: claiming: %w", ErrPermanent, l.cfg.Process, err))
 				return
+			case errors.Is(err, bmdb.ErrUnknownMachine):
+				// Retrieve runs in the claim's transaction, on the snapshot
+				// the claim checks: an id it returns that is not a machine
+				// is not a race a retry outlives but a bug of the
+				// retrieval, which returns it again on every poll.
+				l.permanent(fmt.Errorf("%w: worker %s: claiming: Config.Retrieve returned an id that is not a machine, a bug in the retrieval: %w", ErrPermanent, l.cfg.Process, err))
+				return
 			case !idle && !held:
-				klog.Warningf("worker %s: claiming: %v", l.cfg.Process, err)
+				l.claimWarn.warn(fmt.Sprintf("worker %s: claiming: %v", l.cfg.Process, err))
+			default:
+				l.claimWarn.ok()
 			}
 			delay := poll - rand.N(poll/2+1)
 			if l.cfg.StopWhenIdle > 0 {
 				switch {
 				case !idle || len(busy) > 0 || len(ending) > 0:
 					idleSince = time.Time{}
+					l.member.busy()
 				case idleSince.IsZero():
 					idleSince = time.Now()
 				case time.Since(idleSince) >= l.cfg.StopWhenIdle && l.drained(claimCtx, sess, time.Since(idleSince), &dr, err):
@@ -484,7 +530,9 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 			poll = min(2*poll, l.cfg.PollMax)
 			continue
 		}
+		l.claimWarn.ok()
 		idleSince = time.Time{}
+		l.member.busy()
 		poll, widen = l.cfg.PollMin, 0
 		for _, w := range works {
 			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
@@ -539,8 +587,9 @@ func (l *Loop) wakeClaimer() {
 	}
 }
 
-// sleep waits d (or until ctx ends) between claim calls, and counts it.
-func (l *Loop) sleep(ctx context.Context, d time.Duration) { l.sleepUntil(ctx, d, nil) }
+// sleep waits d (or until ctx ends, or the loop's group asks for a poll)
+// between claim calls, and counts it.
+func (l *Loop) sleep(ctx context.Context, d time.Duration) { l.sleepUntil(ctx, d, l.member.woken()) }
 
 // sleepUntil is sleep, ended early by a receive on wake (nil: never).
 func (l *Loop) sleepUntil(ctx context.Context, d time.Duration, wake <-chan struct{}) {
@@ -659,6 +708,8 @@ func (l *Loop) record(workCtx context.Context, w *bmdb.Work, counter *atomic.Int
 // the claim).
 func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 	delay := l.cfg.PollMin
+	var warned repeated
+	defer warned.ok()
 	for {
 		err := l.bounded(workCtx, w.Cancel)
 		switch {
@@ -669,7 +720,7 @@ func (l *Loop) cancelUntilSettled(workCtx context.Context, w *bmdb.Work) {
 			l.lost.Add(1)
 			return
 		}
-		klog.Warningf("worker %s: canceling claim of %s: %v; retrying", l.cfg.Process, w.Machine(), err)
+		warned.warn(fmt.Sprintf("worker %s: canceling claim of %s: %v; retrying", l.cfg.Process, w.Machine(), err))
 		if wait.Sleep(workCtx, delay-rand.N(delay/2+1)) != nil {
 			l.lost.Add(1)
 			return

@@ -2,9 +2,11 @@
 // three components, each a worker.Loop with its own session, move machines
 // through provide -> start agent -> install OS. Work is simulated with a
 // configurable duration and failure rate, so claims, conflicts, backoff and
-// history all show. It seeds machines, prints progress once a second, and
-// when every machine has passed every stage prints a summary read from
-// work_history.
+// history all show. It seeds machines and runs the three stages together
+// with worker.RunAll, printing progress once a second, until every stage
+// is idle at once with nothing left; then it prints a summary read from
+// work_history. It exits 1, saying what was left per stage, if machines
+// were still in backoff (or claimed by another copy) after the drain.
 //
 //	worker-example --dsn postgres://... --machines 200
 //
@@ -15,6 +17,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -30,7 +33,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -41,6 +43,7 @@ import (
 
 	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
+	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
 	"github.com/bmdb-dev/bmdb/model"
 	"github.com/bmdb-dev/bmdb/web"
 	"github.com/bmdb-dev/bmdb/worker"
@@ -220,8 +223,12 @@ func run(ctx context.Context, o options) error {
 			PollMin:       20 * time.Millisecond,
 			PollMax:       500 * time.Millisecond,
 			ShutdownGrace: 5 * time.Second,
-			Retrieve:      st.Retrieve,
-			Work:          simulate(st, o),
+			// A batch: the stages stop together once all are idle at
+			// once, waiting for backoffs to end first (RunAll).
+			StopWhenIdle: time.Second,
+			DrainTimeout: max(30*time.Second, 3*o.backoff.Maximum),
+			Retrieve:     st.Retrieve,
+			Work:         simulate(st, o),
 		})
 		if err != nil {
 			return err
@@ -239,22 +246,19 @@ func run(ctx context.Context, o options) error {
 	defer stopWeb()
 
 	start := time.Now()
-	loopCtx, stopLoops := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	for _, l := range loops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_ = l.Run(loopCtx)
-		}()
-	}
-	done, err := watch(ctx, db, loops, start)
-	stopLoops()
-	wg.Wait()
-	if err != nil {
+	ran := make(chan error, 1)
+	go func() { ran <- worker.RunAll(ctx, loops...) }()
+	c, err := watch(context.WithoutCancel(ctx), db, loops, start, ran)
+	switch {
+	case err != nil:
 		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("pipeline incomplete (%d of %d machines through every stage): %w", c.OsInstalled, c.Machines, context.Cause(ctx))
+	case c.OsInstalled != c.Machines:
+		// RunAll returned nil: nothing was left that the stages could do.
+		return fmt.Errorf("pipeline incomplete: only %d of %d machines passed every stage, and no stage has any left to do", c.OsInstalled, c.Machines)
 	}
-	fmt.Printf("\nall %d machines passed every stage in %.1fs\n\n", done, time.Since(start).Seconds())
+	fmt.Printf("\nall %d machines passed every stage in %.1fs\n\n", c.Machines, time.Since(start).Seconds())
 	if err := summary(context.WithoutCancel(ctx), model.New(db)); err != nil {
 		return err
 	}
@@ -365,27 +369,33 @@ func simulate(st pipeline.Stage, o options) worker.Handler {
 	}
 }
 
-// watch prints progress every second until every machine is done.
-func watch(ctx context.Context, db *sql.DB, loops []*worker.Loop, start time.Time) (int64, error) {
+// watch prints progress every second until the loops' RunAll returns
+// its error on ran, then once more, and returns the last progress and
+// RunAll's error (or, after it, the last progress read's). A progress
+// read that fails is printed, not fatal: the loops run on.
+func watch(ctx context.Context, db *sql.DB, loops []*worker.Loop, start time.Time, ran <-chan error) (pipelinedb.MachineStageCountsRow, error) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	for {
+	var runErr error
+	for stopped := false; ; {
 		c, err := pipeline.Progress(ctx, db)
 		if err != nil {
-			return 0, fmt.Errorf("reading progress: %w", err)
+			err = fmt.Errorf("reading progress: %w", err)
+			fmt.Printf("%5.1fs  %v\n", time.Since(start).Seconds(), err)
+		} else {
+			var failed int64
+			for _, l := range loops {
+				failed += l.Stats().Failed
+			}
+			fmt.Printf("%5.1fs  done (of %d): provided %d  agent-started %d  os-installed %d  |  now: in-flight %d  backed-off %d  |  failures so far %d\n",
+				time.Since(start).Seconds(), c.Machines, c.Provided, c.AgentStarted, c.OsInstalled, c.InFlight, c.BackedOff, failed)
 		}
-		var failed int64
-		for _, l := range loops {
-			failed += l.Stats().Failed
-		}
-		fmt.Printf("%5.1fs  done (of %d): provided %d  agent-started %d  os-installed %d  |  now: in-flight %d  backed-off %d  |  failures so far %d\n",
-			time.Since(start).Seconds(), c.Machines, c.Provided, c.AgentStarted, c.OsInstalled, c.InFlight, c.BackedOff, failed)
-		if c.OsInstalled == c.Machines {
-			return c.Machines, nil
+		if stopped {
+			return c, cmp.Or(runErr, err)
 		}
 		select {
-		case <-ctx.Done():
-			return 0, fmt.Errorf("pipeline incomplete: %w", ctx.Err())
+		case runErr = <-ran:
+			stopped = true
 		case <-tick.C:
 		}
 	}
