@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -114,6 +113,10 @@ func majorVersion(bindir string) int {
 // for its report.
 func start(initdb, pgCtl string) (*server, error) {
 	begin := time.Now()
+	cmd := exec.Command("sh")
+	if err := detach(cmd); err != nil {
+		return nil, err
+	}
 	ports, err := freePorts(5)
 	if err != nil {
 		return nil, fmt.Errorf("testdb: finding a free port for PostgreSQL: %w", err)
@@ -128,13 +131,11 @@ func start(initdb, pgCtl string) (*server, error) {
 		lifeW.Close()
 		return nil, fmt.Errorf("testdb: %w", err)
 	}
-	args := append([]string{"-c", serverScript, "server.sh", initdb, pgCtl}, ports...)
-	cmd := exec.Command("sh", args...)
+	cmd.Args = append([]string{"sh", "-c", serverScript, "server.sh", initdb, pgCtl}, ports...)
 	// Files, not writers: exec starts no goroutine to copy them, and the
 	// watchdog never holds the binary's stdout or stderr, which go test
 	// would wait for it to close.
 	cmd.Stdin, cmd.Stdout = lifeR, reportW
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	err = cmd.Start()
 	lifeR.Close()
 	reportW.Close()

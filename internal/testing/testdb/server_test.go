@@ -1,9 +1,10 @@
+//go:build unix
+
 package testdb
 
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"database/sql"
 	"errors"
 	"fmt"
@@ -21,18 +22,6 @@ import (
 // TestChildServer starts the server, reports it, and then returns
 // ("exit") or waits to be killed or timed out ("block").
 const childEnv = "BMDB_TESTDB_CHILD"
-
-func TestMain(m *testing.M) {
-	os.Exit(Run(m, func(ctx context.Context, dsn string) error {
-		db, err := sql.Open("postgres", dsn)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		_, err = db.ExecContext(ctx, "CREATE TABLE migrated (id INT PRIMARY KEY)")
-		return err
-	}))
-}
 
 // TestChildServer is the child's test: it gets a database on the
 // binary's own server and prints "server PID PORT DIR" (the postmaster's
