@@ -65,14 +65,10 @@ func findDSN() (string, error) {
 		}
 		own, ownErr = start(initdb, pgCtl)
 	})
-	return own.dsnOrEmpty(), ownErr
-}
-
-func (s *server) dsnOrEmpty() string {
-	if s == nil {
-		return ""
+	if ownErr != nil {
+		return "", ownErr
 	}
-	return s.dsn
+	return own.dsn, nil
 }
 
 // findBinaries returns the paths of initdb and pg_ctl: those of the first
