@@ -11,22 +11,26 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # The test command of README.md and .ci/run: every package (saying first
 # if the browser tests will skip, which go test does not show), the
 # standalone example module (also in cockroach mode, as bmdbtest lets an
-# application's tests run), then the core,
-# worker, bmdbtest and chaos tests again in cockroach mode (internal/testing/crdbmode: bmdb's
+# application's tests run), then the core, worker, bmdbtest and chaos
+# tests again in cockroach mode (internal/testing/crdbmode: bmdb's
 # CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
 # ambiguous commits only for the chaos run, whose checker tolerates them).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
 # CockroachDB) instead of a throwaway one.
-GO_TEST := go test -race -count=1 -timeout 20m
-TESTS   := { command -v chromium || command -v chromium-browser || command -v google-chrome || \
-	    echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2; } >/dev/null && \
-	$(GO_TEST) ./... && \
-	echo "== examples/burnin (a module of its own), then in cockroach mode ==" && \
-	(cd examples/burnin && $(GO_TEST) ./... && BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) .) && \
-	echo "== cockroach mode: bmdb, worker, bmdbtest ==" && \
-	BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/ && \
-	echo "== cockroach mode: chaos ==" && \
-	BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/
+#
+# TEST_STEPS are the go test invocations, in order, each a name and a
+# command (one line each; no single quotes inside): scripts/run-steps runs
+# every one whatever the others did, then prints a line per step (passed
+# or FAILED, and its duration) and fails if any failed.
+GO_TEST    := go test -race -count=1 -timeout 20m
+TEST_STEPS := \
+	'every package' '$(GO_TEST) ./...' \
+	'examples/burnin (a module of its own)' 'cd examples/burnin && $(GO_TEST) ./...' \
+	'examples/burnin, cockroach mode' 'cd examples/burnin && BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) .' \
+	'cockroach mode: bmdb, worker, bmdbtest' 'BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/' \
+	'cockroach mode: chaos' 'BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/'
+BROWSER_CHECK := command -v chromium || command -v chromium-browser || command -v google-chrome || \
+	echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2
 
 .PHONY: all demo test generate verify lint check bench bench-durable clean
 
@@ -46,9 +50,11 @@ demo:
 
 ## test: run every test with the race detector against a throwaway
 ## PostgreSQL (or the server in BMDB_TEST_DSN), then the core, worker, bmdbtest and
-## chaos tests in cockroach mode.
+## chaos tests in cockroach mode; every step runs, even after a failure, and
+## a summary says which failed.
 test:
-	scripts/with-pg BMDB_TEST_DSN sh -c '$(TESTS)'
+	@{ $(BROWSER_CHECK); } >/dev/null
+	scripts/with-pg BMDB_TEST_DSN scripts/run-steps $(TEST_STEPS)
 
 # The sqlc configurations: bmdb's (model/, internal/store/), the demo
 # pipeline's (cmd/worker-example/pipeline/pipelinedb/) and the standalone

@@ -22,14 +22,32 @@
 //
 // # The server
 //
-// The environment variable BMDB_TEST_DSN names the server (PostgreSQL or
-// CockroachDB) on which each test gets a database of its own; its user
-// must be allowed to create databases. bmdb's scripts/pg-start DIR starts
-// a throwaway PostgreSQL and prints its DSN. On PostgreSQL every database
-// is cloned from a template that Run's first New migrates, which takes
-// milliseconds; on CockroachDB, which has no templates, each is created
-// and migrated. Each is dropped when its test ends, and the template when
-// Run returns.
+// Each test gets a database of its own on one server per test binary. On
+// PostgreSQL every database is cloned from a template that Run's first
+// New migrates, which takes milliseconds; on CockroachDB, which has no
+// templates, each is created and migrated. Each is dropped when its test
+// ends, and the template when Run returns.
+//
+// With nothing set, go test needs no setup: the first test that needs a
+// database starts a throwaway PostgreSQL for the test binary, from the
+// server binaries installed on the machine (initdb and pg_ctl on PATH, or
+// Debian's /usr/lib/postgresql/*/bin, newest version first). It listens
+// on 127.0.0.1 on a free port, trades durability for speed (fsync off),
+// runs as the user postgres when the tests run as root (PostgreSQL
+// refuses to run as root), and takes a second or two to start (go test
+// -v prints how long). Run stops it and removes its directory; so does a
+// watchdog process started with it if the binary dies first (a panic, go
+// test -timeout, kill -9), so that no run leaves a server or a directory
+// behind. Without a server installed, the tests that need one fail,
+// saying to install it (apt-get install postgresql, on Debian) or to set
+// BMDB_TEST_DSN.
+//
+// The environment variable BMDB_TEST_DSN, when set, names the server to
+// use instead (PostgreSQL or CockroachDB), shared by every test binary
+// of a go test run: set it to test against CockroachDB, or to save the
+// start per package. Its user must be allowed to create databases.
+// bmdb's scripts/pg-start DIR starts a throwaway PostgreSQL and prints
+// its DSN.
 //
 // # Cockroach mode
 //
@@ -75,8 +93,9 @@ var app *migrations.Application
 //
 // After the tests Run drops the template database and fails the run
 // (exit code 1) if goroutines leaked: a Connection, Session or Loop
-// left running. A malformed BMDB_TEST_COCKROACH is exit code 2. A test
-// that calls New without BMDB_TEST_DSN set fails, saying so.
+// left running. A malformed BMDB_TEST_COCKROACH is exit code 2. Without
+// BMDB_TEST_DSN, Run also stops the server the tests started (see "The
+// server").
 func Run(m *testing.M, application *migrations.Application) int {
 	app = application
 	return testdb.Run(m, func(ctx context.Context, dsn string) error {
@@ -90,8 +109,9 @@ func Run(m *testing.M, application *migrations.Application) int {
 
 // New returns the DSN of a new database with bmdb's schema and Run's
 // application's, current, dropped when t ends (after t's other clean-ups,
-// which close what t opened on it). It fails t if the server is not set
-// or cannot create the database.
+// which close what t opened on it). The first New of a binary without
+// BMDB_TEST_DSN starts the binary's server (see "The server"). It fails t
+// if there is no server, or it cannot create the database.
 func New(t testing.TB) string {
 	t.Helper()
 	return testdb.New(t)

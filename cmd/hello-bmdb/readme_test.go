@@ -15,9 +15,10 @@ import (
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
-// readmeBlock returns the shell block of README.md that follows the
-// comment naming test, so that the test runs what the README shows.
-func readmeBlock(t *testing.T, test string) string {
+// readmeBlock returns the code block of README.md (```sh, or ```lang)
+// that follows the comment naming test, without the indentation of a
+// block in a list item, so that the test runs what the README shows.
+func readmeBlock(t *testing.T, test string, lang ...string) string {
 	t.Helper()
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -27,15 +28,22 @@ func readmeBlock(t *testing.T, test string) string {
 	if !ok {
 		t.Fatalf("README.md has no <!-- %s ... --> comment before the block it runs", test)
 	}
-	_, block, ok := strings.Cut(after, "-->\n```sh\n")
-	if !ok {
-		t.Fatalf("README.md's comment naming %s is not followed by a ```sh block", test)
+	_, after, _ = strings.Cut(after, "-->\n")
+	fence := "```" + append(lang, "sh")[0]
+	first, after, _ := strings.Cut(after, "\n")
+	indent, ok := strings.CutSuffix(first, fence)
+	if !ok || strings.Trim(indent, " ") != "" {
+		t.Fatalf("README.md's comment naming %s is not followed by a %s block", test, fence)
 	}
-	block, _, ok = strings.Cut(block, "```\n")
-	if !ok {
-		t.Fatalf("README.md's block for %s does not end", test)
+	var block strings.Builder
+	for line := range strings.Lines(after) {
+		if line == indent+"```\n" {
+			return block.String()
+		}
+		block.WriteString(strings.TrimPrefix(line, indent))
 	}
-	return block
+	t.Fatalf("README.md's block for %s does not end", test)
+	return ""
 }
 
 // sh runs script with sh -e in dir, with env added to the test's
@@ -112,6 +120,29 @@ func TestREADMENewModule(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^\s+github.com/bmdb-dev/bmdb v0.0.0-00010101000000-000000000000$`).Match(goMod) {
 		t.Errorf("go.mod does not require bmdb directly once code imports it:\n%s", goMod)
 	}
+
+	// The README's test of that program passes with go test and nothing
+	// set: the test binary starts a PostgreSQL of its own, and leaves
+	// nothing of it in its TMPDIR.
+	t.Run("go_test", func(t *testing.T) {
+		test := readmeBlock(t, "TestREADMENewModule/go_test", "go")
+		if err := os.WriteFile(filepath.Join(module, "main_test.go"), []byte(test), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		tmp := t.TempDir()
+		for _, d := range []string{tmp, filepath.Dir(tmp)} {
+			if err := os.Chmod(d, 0o755); err != nil { // for the user postgres, as root
+				t.Fatal(err)
+			}
+		}
+		out := sh(t, module, "go test -count=1 -v ./...", append(env, "BMDB_TEST_DSN=", "TMPDIR="+tmp)...)
+		if !strings.Contains(out, "--- PASS: TestRun") || !strings.Contains(out, "ran on a PostgreSQL of their own") {
+			t.Errorf("go test in the new module:\n%s", out)
+		}
+		if left, _ := os.ReadDir(tmp); len(left) != 0 {
+			t.Errorf("go test left %s in its TMPDIR", left[0].Name())
+		}
+	})
 }
 
 // The README's block for a database of one's own starts a PostgreSQL and

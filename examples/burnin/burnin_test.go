@@ -26,8 +26,8 @@ import (
 
 // TestMain runs the tests on databases with bmdb's schema and the
 // application's (bmdbtest): each test's own, cloned from a template, on
-// the server named by BMDB_TEST_DSN (make test starts a throwaway
-// PostgreSQL and sets it).
+// the server named by BMDB_TEST_DSN, or else on a throwaway PostgreSQL
+// that the test binary starts for itself.
 func TestMain(m *testing.M) { os.Exit(bmdbtest.Run(m, Application())) }
 
 // The committed bmdb_schema.sql is bmdb's schema of the version in go.mod:

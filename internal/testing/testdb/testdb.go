@@ -1,10 +1,26 @@
-// Package testdb gives each test a fresh database on the server that
-// BMDB_TEST_DSN names (scripts/with-pg starts a throwaway one; make test does
-// that for you). On PostgreSQL new databases are cloned from a template
-// migrated once per test binary; on CockroachDB each is created and migrated.
+// Package testdb gives each test a fresh database on the test server. On
+// PostgreSQL new databases are cloned from a template migrated once per
+// test binary; on CockroachDB each is created and migrated.
+//
+// The server is the one BMDB_TEST_DSN names (make test sets it to a
+// throwaway PostgreSQL that scripts/with-pg starts for all packages).
+// Without BMDB_TEST_DSN, the first test that needs a database starts a
+// PostgreSQL for the whole test binary (server.go): initdb and pg_ctl
+// from the first directory on PATH holding both, or else from the newest
+// /usr/lib/postgresql/*/bin (Debian's packages); a cluster in a new
+// directory in $TMPDIR, on 127.0.0.1 on a free port, with
+// scripts/pg-start's settings (fsync off, 400 connections), run as the
+// user postgres when the tests run as root (created if missing). It
+// takes one to two seconds. A watchdog process started with it stops it
+// and removes its directory once the test binary is gone: at the end of
+// Run, which waits for that, or when the binary dies without running its
+// clean-up (a panic, go test -timeout, SIGKILL), within a second. With
+// no server installed, the tests that need one fail with ErrNoServer,
+// which says what to install.
 package testdb
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"database/sql/driver"
@@ -45,8 +61,10 @@ var (
 // does: TestMain calls os.Exit(testdb.Run(m, migrate)), or runs its own
 // clean-up between the two (os.Exit skips deferred calls).
 // migrate brings a new database to the schema tests expect; New calls it
-// once for the template. After the tests Run drops the template, and
-// fails the run if goroutines leaked.
+// once for the template. After the tests Run drops the template, stops
+// the binary's own server if a test started one (removing its
+// directory), and fails the run if goroutines leaked. With -test.v it
+// says how long its own server took to start.
 //
 // If crdbmode.EnvVar is set, the package's tests run in cockroach mode
 // (Emulator; see package crdbmode), and the counts of injected errors are
@@ -63,6 +81,16 @@ func Run(m *testing.M, migrate func(ctx context.Context, dsn string) error) int 
 		fmt.Fprintln(os.Stderr, "testdb:", counts.Report())
 	}
 	cleanUp()
+	if own != nil {
+		if testing.Verbose() {
+			fmt.Fprintf(os.Stderr, "testdb: %s was not set: the tests ran on a PostgreSQL of their own, started in %v\n",
+				EnvDSN, own.took.Round(time.Millisecond))
+		}
+		if err := own.stop(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = cmp.Or(code, 1)
+		}
+	}
 	if code == 0 {
 		// golang-migrate prefetches the next migration into a pipe; when a
 		// migration fails half-way (the half-applied migration tests) and
@@ -118,12 +146,15 @@ func WrapConnector() func(driver.Connector) driver.Connector {
 // runs in cockroach mode whatever the binary does.
 func EmulatorWith(s crdbmode.Settings) *crdbmode.Emulator { return crdbmode.New(s, &counts) }
 
-// DSN returns the server DSN from BMDB_TEST_DSN, or fails t.
+// DSN returns the DSN of the server tests create their databases on:
+// BMDB_TEST_DSN's, or else the test binary's own, which it starts on the
+// first call (see the package doc). It fails t if that server cannot be
+// started (ErrNoServer if none is installed).
 func DSN(t testing.TB) string {
 	t.Helper()
-	dsn := os.Getenv(EnvDSN)
-	if dsn == "" {
-		t.Fatalf("%s is not set: run the tests with `make test`, or point %s at a PostgreSQL or CockroachDB server", EnvDSN, EnvDSN)
+	dsn, err := findDSN()
+	if err != nil {
+		t.Fatal(err)
 	}
 	return dsn
 }
@@ -145,10 +176,14 @@ func New(t testing.TB) string {
 // the DSN of a new database with the current schema and a function that
 // drops it, or panics.
 func NewForExample() (dsn string, drop func()) {
-	if err := connectDSN(os.Getenv(EnvDSN)); err != nil {
+	server, err := findDSN()
+	if err != nil {
 		panic(err)
 	}
-	dsn, drop, err := create(true)
+	if err := connectDSN(server); err != nil {
+		panic(err)
+	}
+	dsn, drop, err = create(true)
 	if err != nil {
 		panic(err)
 	}
@@ -232,9 +267,6 @@ func connect(t testing.TB) {
 
 // connectDSN connects to the server at dsn once per test binary.
 func connectDSN(dsn string) error {
-	if dsn == "" {
-		return fmt.Errorf("%s is not set", EnvDSN)
-	}
 	initOnce.Do(func() { initErr = initServer(dsn) })
 	return initErr
 }
@@ -250,7 +282,7 @@ func initServer(dsn string) error {
 	var version string
 	if err := db.QueryRowContext(ctx, "SELECT version()").Scan(&version); err != nil {
 		db.Close()
-		return fmt.Errorf("connecting to %s: %w", EnvDSN, err)
+		return fmt.Errorf("connecting to the tests' server: %w", err)
 	}
 	admin = db
 	serverDSN = dsn
