@@ -300,6 +300,16 @@ func TestWorkRetrievalOutcomes(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM work_history"); n != 0 {
 		t.Errorf("%d history rows from failed claims", n)
 	}
+	// An unknown id among good candidates never claimed (no claim row
+	// yet) is skipped: a good one is claimed. (Before, Work failed with
+	// ErrUnknownMachine: it looked for unknown ids before making the good
+	// ones' claim rows.)
+	good := e.machine()
+	if w, err := s.Work(context.Background(), "install", retrieveAll(uuid.New(), good)); err != nil || w.Machine() != good {
+		t.Errorf("Work on an unknown id and a machine never claimed = %v, %v; want the machine claimed", w, err)
+	} else if err := w.Finish(context.Background(), noCommit); err != nil {
+		t.Error(err)
+	}
 }
 
 // A connection failure during the claim's COMMIT leaves its outcome unknown:
