@@ -45,11 +45,10 @@ type claimPass struct {
 	checks     *checks            // the attempt's session checks
 	blocked    error              // ErrProcessPaused or ErrCapReached, if the last claim statement found so
 
-	// What the first claim statement read of every candidate (inspect):
+	// What the claim statements found of the candidates they were offered:
 	// those without a claim row, and the claims of expired sessions among
 	// them (or holding a slot of a capped process) that the pass takes over.
-	inspect         []uuid.UUID // the candidates of every request; nil once read
-	sweep           bool        // the first statement also finds every expired claim of the process
+	sweep           bool // the first statement also finds every expired claim of the process
 	unfenced        map[uuid.UUID]bool
 	expiredMachines []uuid.UUID
 	expiredSessions []uuid.UUID
@@ -73,12 +72,11 @@ func (b *batcher) newClaimPass(reqs []*request, c *checks) *claimPass {
 // claim that sees them. Then each request left with none gets its outcome
 // (diagnose): ErrProcessPaused or ErrCapReached, ErrNothingToDo,
 // ErrWorkConflict or ErrUnknownMachine; any other error fails the
-// attempt. A request left with nothing but candidates without a claim row
-// has their rows made, once, and the attempt runs again (errRerun): its
-// snapshot cannot see them.
+// attempt. A request left short that was offered a candidate without a
+// claim row has the rows of all its candidates made, once, and the
+// attempt runs again (errRerun): its snapshot cannot see them.
 func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 	b := p.b
-	seen := map[uuid.UUID]bool{}
 	for i, r := range p.reqs {
 		c := r.claim
 		c.claims, c.abandoned, c.err = nil, nil, nil
@@ -91,23 +89,10 @@ func (p *claimPass) run(ctx context.Context, tx *Tx) error {
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", b.process, err)
 		}
 		p.candidates[i] = distinct(ids)
-		for _, m := range p.candidates[i] {
-			if !seen[m] {
-				seen[m] = true
-				p.inspect = append(p.inspect, m)
-			}
-		}
 	}
 	p.sweep = b.sweepDue()
 	if err := p.rounds(ctx, tx, func(uuid.UUID) bool { return true }, true); err != nil {
 		return err
-	}
-	if len(p.unfenced) > 0 {
-		ids := make([]uuid.UUID, 0, len(p.unfenced))
-		for m := range p.unfenced {
-			ids = append(ids, m)
-		}
-		b.fences.ahead(ids)
 	}
 	if len(p.expiredSessions) > 0 {
 		if err := p.takeOver(ctx, tx); err != nil {
@@ -158,16 +143,16 @@ func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool
 				offer--
 			}
 		}
-		if len(picks) == 0 && p.inspect == nil && !p.sweep {
+		if len(picks) == 0 && !p.sweep {
 			return nil
 		}
 		got, st, err := p.b.s.claimMany(ctx, tx, p.b.process, claimArgs{
-			offer: picks, inspect: p.inspect, limit: min(want, len(picks)), preferExpired: preferExpired, sweep: p.sweep,
+			offer: picks, limit: min(want, len(picks)), preferExpired: preferExpired, sweep: p.sweep,
 		}, p.checks)
 		if err != nil {
 			return err
 		}
-		p.inspect, p.sweep = nil, false
+		p.sweep = false
 		for _, m := range st.unfenced {
 			p.unfenced[m] = true
 		}
@@ -181,7 +166,31 @@ func (p *claimPass) rounds(ctx context.Context, tx *Tx, may func(uuid.UUID) bool
 		for _, c := range got {
 			owner[c.machine].claims = append(owner[c.machine].claims, c)
 		}
+		if len(st.unfenced) > 0 && p.short() {
+			// Candidates without claim rows: a request still short has
+			// them made, with its other candidates', and runs again
+			// (diagnose), rather than offer them one round at a time.
+			return nil
+		}
 	}
+}
+
+// short reports whether a request wants more machines than it claimed and
+// was offered a candidate without a claim row, whose rows it has not made
+// yet in this batch.
+func (p *claimPass) short() bool {
+	for i, r := range p.reqs {
+		c := r.claim
+		if len(c.claims) >= c.limit || c.fenced {
+			continue
+		}
+		for _, m := range p.candidates[i] {
+			if p.unfenced[m] {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // takeOver supersedes the expired sessions the first claim statement
@@ -255,28 +264,26 @@ func (p *claimPass) diagnose(ctx context.Context, tx *Tx) error {
 			c.err = fmt.Errorf("%w (process %q)", p.blocked, process)
 			continue
 		}
-		var rest, unfenced []uuid.UUID
+		var rest []uuid.UUID
+		unfenced := false
 		for _, m := range p.candidates[i] {
-			switch {
-			case claimed[m]:
-			case p.unfenced[m]:
-				unfenced = append(unfenced, m)
-			default:
+			if !claimed[m] {
 				rest = append(rest, m)
+				unfenced = unfenced || p.unfenced[m]
 			}
 		}
-		if len(unfenced) > 0 && !c.fenced {
-			if err := p.b.fences.ensure(ctx, unfenced); err != nil {
+		if unfenced && !c.fenced {
+			if err := p.b.fences.ensure(ctx, rest); err != nil {
 				return fmt.Errorf("bmdb: Work(%q): %w", process, err)
 			}
 			c.fenced = true
 			return errRerun
 		}
-		err := s.whyNothing(ctx, tx, process, append(rest, unfenced...))
+		err := s.whyNothing(ctx, tx, process, rest)
 		if err != nil && !isOutcome(err) {
 			return err
 		}
-		if errors.Is(err, ErrNothingToDo) && len(rest)+len(unfenced) < len(p.candidates[i]) {
+		if errors.Is(err, ErrNothingToDo) && len(rest) < len(p.candidates[i]) {
 			// Taken by other calls of this batch: claimed.
 			err = fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 		}
@@ -333,7 +340,6 @@ func (p *claimPass) claimFreed(ctx context.Context, tx *Tx, freed []uuid.UUID) e
 // claimArgs are what one claim statement is given.
 type claimArgs struct {
 	offer         []uuid.UUID // the candidates it may lock and claim, in order
-	inspect       []uuid.UUID // the candidates it reads for rows and expired claims (the first statement of a pass)
 	limit         int         // the most it claims
 	preferExpired bool        // claim nothing if it finds claims of expired sessions
 	sweep         bool        // find every claim of the process held by an expired session
@@ -342,8 +348,8 @@ type claimArgs struct {
 // claimState is what a claim statement found besides its claims.
 type claimState struct {
 	controls        controls
-	unfenced        []uuid.UUID // inspected candidates without a claim row
-	expiredMachines []uuid.UUID // inspected candidates held by expired sessions
+	unfenced        []uuid.UUID // offered candidates without a claim row
+	expiredMachines []uuid.UUID // offered candidates held by expired sessions (with sweep, any of the process's)
 	expiredSessions []uuid.UUID // those sessions, and expired holders of the process's slots
 }
 
@@ -416,12 +422,12 @@ func (s *Session) claimStatement(ctx context.Context, tx *Tx, process string, a 
 	}
 	if s.conn.engine != engineCockroach {
 		return tx.q.WorkClaimMany(ctx, store.WorkClaimManyParams{
-			Candidates: a.inspect, Offer: offer, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+			Offer: offer, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 			MaxClaims: int64(a.limit), PreferExpired: a.preferExpired, Sweep: a.sweep, MaxIdleMs: s.maxIdleMs(),
 		})
 	}
 	rows, err := tx.q.WorkClaimManyArbitrated(ctx, store.WorkClaimManyArbitratedParams{
-		Candidates: a.inspect, Offer: offer, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
+		Offer: offer, Process: process, SessionID: s.id, ComponentName: s.conn.cfg.ComponentName,
 		MaxClaims: int64(a.limit), PreferExpired: a.preferExpired, Sweep: a.sweep, MaxIdleMs: s.maxIdleMs(),
 		SlotStart: rand.Int64N(MaxCap),
 	})

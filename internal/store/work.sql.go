@@ -108,9 +108,9 @@ WITH live AS (
       AND s.deadline <= statement_timestamp()
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($7::UUID[])
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($1::UUID[])
       AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
-      AND NOT ($8::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
+      AND NOT ($7::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -118,13 +118,13 @@ WITH live AS (
           SELECT 1 FROM work_backoff b
           WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
       )
-    ORDER BY array_position($7::UUID[], f.machine_id)
+    ORDER BY array_position($1::UUID[], f.machine_id)
     LIMIT $6::INT8
     FOR UPDATE SKIP LOCKED
 ), picks AS (
     SELECT l.machine_id, sl.slot
     FROM (SELECT locked.machine_id,
-                 row_number() OVER (ORDER BY array_position($7::UUID[], locked.machine_id)) AS n
+                 row_number() OVER (ORDER BY array_position($1::UUID[], locked.machine_id)) AS n
           FROM locked) AS l
     LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.slot) AS n FROM slots) AS sl ON sl.n = l.n
     WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
@@ -141,7 +141,7 @@ WITH live AS (
 ), started AS (
     INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token, seq)
     SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-           $9::TEXT, claim.claim_id, fence.token, fence.version
+           $8::TEXT, claim.claim_id, fence.token, fence.version
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
@@ -161,13 +161,12 @@ FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
 type WorkClaimManyParams struct {
-	Candidates    []uuid.UUID
+	Offer         []uuid.UUID
 	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
 	Sweep         bool
 	MaxClaims     int64
-	Offer         []uuid.UUID
 	PreferExpired bool
 	ComponentName string
 }
@@ -226,15 +225,16 @@ type WorkClaimManyRow struct {
 // The machine's own row is not touched: retrievals and foreign keys read
 // it, and on CockroachDB an exclusive lock blocks plain reads.
 //
-// It reads (without locking) every one of candidates, all the machines the
-// claiming requests retrieved (offer is among them), and returns:
-// unfenced, those without a claim row (WorkFencingEnsure makes them, once
-// per pair, outside any claim transaction); expired_machines, those whose
-// claim is held by a session past its deadline (with sweep, every claim of
-// the process held so, through work_process_idx: a caller sweeps now and
-// then, so that a dead worker's claims end whatever its retrievals
-// return), and expired_sessions, those sessions (with, for a capped
-// process with no free slot, the expired sessions that hold its slots). If
+// It returns, of the machines it was offered: unfenced, those without a
+// claim row (WorkFencingEnsure makes them, once per pair, outside any
+// claim transaction); expired_machines, those whose claim is held by a
+// session past its deadline (with sweep, every claim of the process held
+// so, through work_process_idx: a caller sweeps now and then, so that a
+// dead worker's claims end whatever its retrievals return), and
+// expired_sessions, those sessions (with, for a capped process with no
+// free slot, the expired sessions that hold its slots). It reads no more
+// than it was offered: on CockroachDB every row a transaction read and
+// another wrote before it committed may fail its read refresh. If
 // prefer_expired and there is such a claim, it claims nothing: the caller
 // takes those sessions over (Abandoned history for their claims, the
 // session deleted) and claims again, the freed candidates first, so that
@@ -263,13 +263,12 @@ type WorkClaimManyRow struct {
 // whose snapshot is then as fresh as can be when the candidates are locked.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
-		pq.Array(arg.Candidates),
+		pq.Array(arg.Offer),
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
 		arg.Sweep,
 		arg.MaxClaims,
-		pq.Array(arg.Offer),
 		arg.PreferExpired,
 		arg.ComponentName,
 	)
@@ -353,9 +352,9 @@ WITH live AS (
       AND s.deadline <= statement_timestamp()
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($8::UUID[])
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($1::UUID[])
       AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
-      AND NOT ($9::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
+      AND NOT ($8::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -363,13 +362,13 @@ WITH live AS (
           SELECT 1 FROM work_backoff b
           WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
       )
-    ORDER BY array_position($8::UUID[], f.machine_id)
+    ORDER BY array_position($1::UUID[], f.machine_id)
     LIMIT $7::INT8
     FOR UPDATE SKIP LOCKED
 ), picks AS (
     SELECT l.machine_id, sl.slot
     FROM (SELECT locked.machine_id,
-                 row_number() OVER (ORDER BY array_position($8::UUID[], locked.machine_id)) AS n
+                 row_number() OVER (ORDER BY array_position($1::UUID[], locked.machine_id)) AS n
           FROM locked) AS l
     LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.ord) AS n FROM slots) AS sl ON sl.n = l.n
     WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
@@ -386,7 +385,7 @@ WITH live AS (
 ), started AS (
     INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token, seq)
     SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-           $10::TEXT, claim.claim_id, fence.token, fence.version
+           $9::TEXT, claim.claim_id, fence.token, fence.version
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
@@ -406,14 +405,13 @@ FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
 type WorkClaimManyArbitratedParams struct {
-	Candidates    []uuid.UUID
+	Offer         []uuid.UUID
 	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
 	Sweep         bool
 	SlotStart     int64
 	MaxClaims     int64
-	Offer         []uuid.UUID
 	PreferExpired bool
 	ComponentName string
 }
@@ -446,14 +444,13 @@ type WorkClaimManyArbitratedRow struct {
 // rows of what it offers. Everything else is WorkClaimMany's.
 func (q *Queries) WorkClaimManyArbitrated(ctx context.Context, arg WorkClaimManyArbitratedParams) ([]WorkClaimManyArbitratedRow, error) {
 	rows, err := q.query(ctx, q.workClaimManyArbitratedStmt, workClaimManyArbitrated,
-		pq.Array(arg.Candidates),
+		pq.Array(arg.Offer),
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
 		arg.Sweep,
 		arg.SlotStart,
 		arg.MaxClaims,
-		pq.Array(arg.Offer),
 		arg.PreferExpired,
 		arg.ComponentName,
 	)
