@@ -1,7 +1,8 @@
-package web
+package fleet
 
 import (
 	"context"
+	"database/sql"
 	"time"
 
 	"github.com/bmdb-dev/bmdb/model"
@@ -22,15 +23,50 @@ type ProcessControl struct {
 
 // ReadProcessControls returns every process with controls (every process
 // that claimed, or that an operator paused or capped), by name.
-func ReadProcessControls(ctx context.Context, q *model.Queries) ([]ProcessControl, error) {
-	rows, err := q.ProcessStatusAll(ctx)
+func ReadProcessControls(ctx context.Context, db *sql.DB) ([]ProcessControl, error) {
+	rows, err := model.New(db).ProcessStatusAll(ctx)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]ProcessControl, len(rows))
 	for i, r := range rows {
-		out[i] = ProcessControl{Process: r.Process, Paused: r.Paused, LiveClaims: r.LiveClaims,
-			ChangedAt: r.ChangedAt, ChangedBy: r.ChangedBy, Reason: r.Reason}
+		out[i] = processControl(r)
+	}
+	return out, nil
+}
+
+// processControl is r as a ProcessControl.
+func processControl(r model.ProcessStatus) ProcessControl {
+	c := ProcessControl{Process: r.Process, Paused: r.Paused, LiveClaims: r.LiveClaims,
+		ChangedAt: r.ChangedAt, ChangedBy: r.ChangedBy, Reason: r.Reason}
+	if r.ClaimCap.Valid {
+		c.ClaimCap = &r.ClaimCap.Int64
+	}
+	return c
+}
+
+// ControlRecord is one change of a process's controls, from
+// process_control_history.
+type ControlRecord struct {
+	Process     string    `json:"process"`
+	Action      string    `json:"action"` // pause, resume, cap or uncap
+	ClaimCap    *int64    `json:"claim_cap"`
+	At          time.Time `json:"at"`
+	Actor       string    `json:"actor"`
+	RuntimeInfo string    `json:"runtime_info"`
+	Reason      string    `json:"reason"`
+}
+
+// ReadControlHistory returns the changes of the controls of process (""
+// for every process), newest first, at most limit of them.
+func ReadControlHistory(ctx context.Context, db *sql.DB, process string, limit int) ([]ControlRecord, error) {
+	rows, err := model.New(db).ProcessControlHistory(ctx, model.ProcessControlHistoryParams{Process: process, MaxRows: int32(limit)})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ControlRecord, len(rows))
+	for i, r := range rows {
+		out[i] = ControlRecord{Process: r.Process, Action: r.Action, At: r.At, Actor: r.Actor, RuntimeInfo: r.RuntimeInfo, Reason: r.Reason}
 		if r.ClaimCap.Valid {
 			out[i].ClaimCap = &r.ClaimCap.Int64
 		}

@@ -16,7 +16,7 @@ import (
 const operatorToken = "alice-secret-token-0123456789"
 
 // withActions serves f's database with actions for operator alice.
-func (f *fleet) withActions(t *testing.T) *httptest.Server {
+func (f *site) withActions(t *testing.T) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(New(f.db, Options{Actions: &Actions{Conn: f.conn, Operators: map[string]string{operatorToken: "alice"}}}))
 	t.Cleanup(srv.Close)
@@ -61,7 +61,7 @@ func getWith(t *testing.T, c *http.Client, target string) (int, string, http.Hea
 }
 
 // count runs a count query on the fleet's database.
-func (f *fleet) count(t *testing.T, query string, args ...any) int {
+func (f *site) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := f.db.QueryRow(query, args...).Scan(&n); err != nil {

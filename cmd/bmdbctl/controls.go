@@ -6,27 +6,16 @@ import (
 	"fmt"
 	"os"
 	"strconv"
-	"time"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/fleet"
 	"github.com/bmdb-dev/bmdb/model"
-	"github.com/bmdb-dev/bmdb/web"
 )
 
 // The fleet controls: pause, resume, cap and processes (see "Fleet
-// controls" in bmdb's package doc). processes lists web.ProcessControl
-// records, as the overview's JSON has them.
-
-// controlRecord is one change of a process's controls.
-type controlRecord struct {
-	Process     string    `json:"process"`
-	Action      string    `json:"action"`
-	ClaimCap    *int64    `json:"claim_cap"`
-	At          time.Time `json:"at"`
-	Actor       string    `json:"actor"`
-	RuntimeInfo string    `json:"runtime_info"`
-	Reason      string    `json:"reason"`
-}
+// controls" in bmdb's package doc). processes lists fleet.ProcessControl
+// records, as the overview's JSON has them, and --history
+// fleet.ControlRecord ones.
 
 func processesCommand(fs *flag.FlagSet) runFunc {
 	history := fs.Bool("history", false, "list the pauses, resumes and cap changes instead, newest first")
@@ -35,23 +24,19 @@ func processesCommand(fs *flag.FlagSet) runFunc {
 		if err := f.check("processes", args); err != nil {
 			return err
 		}
-		return withQueries(ctx, c, func(q *model.Queries, _ *bmdb.Connection) error {
+		return withQueries(ctx, c, func(_ *model.Queries, conn *bmdb.Connection) error {
 			if *history {
-				rows, err := q.ProcessControlHistory(ctx, model.ProcessControlHistoryParams{Process: *f.process, MaxRows: int32(*f.limit)})
+				rows, err := fleet.ReadControlHistory(ctx, conn.DB(), *f.process, *f.limit)
 				if err != nil {
 					return err
 				}
 				t := &table{header: []string{"PROCESS", "ACTION", "CAP", "AT", "BY", "REASON", "RUNTIME"}}
-				for _, r := range rows {
-					rec := controlRecord{Process: r.Process, Action: r.Action, At: r.At, Actor: r.Actor, RuntimeInfo: r.RuntimeInfo, Reason: r.Reason}
-					if r.ClaimCap.Valid {
-						rec.ClaimCap = &r.ClaimCap.Int64
-					}
+				for _, rec := range rows {
 					t.add(rec, rec.Process, rec.Action, capCell(rec.ClaimCap), rec.At, rec.Actor, rec.Reason, rec.RuntimeInfo)
 				}
 				return t.print(c.out, c.json)
 			}
-			rows, err := web.ReadProcessControls(ctx, q)
+			rows, err := fleet.ReadProcessControls(ctx, conn.DB())
 			if err != nil {
 				return err
 			}

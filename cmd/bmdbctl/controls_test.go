@@ -10,7 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
-	"github.com/bmdb-dev/bmdb/web"
+	"github.com/bmdb-dev/bmdb/fleet"
 )
 
 // pause, resume and cap change what the fleet's claims may do, say when
@@ -50,11 +50,11 @@ func TestPauseResumeCapProcesses(t *testing.T) {
 	if _, err := f.sess.Work(ctx, "install-os", one); err == nil || !errors.Is(err, bmdb.ErrNothingToDo) {
 		t.Errorf("Work at the cap = %v, want a nothing-to-do error", err)
 	}
-	var procs []web.ProcessControl
+	var procs []fleet.ProcessControl
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "processes", "--json")), &procs); err != nil {
 		t.Fatal(err)
 	}
-	var got *web.ProcessControl
+	var got *fleet.ProcessControl
 	for i := range procs {
 		if procs[i].Process == "install-os" {
 			got = &procs[i]
@@ -69,7 +69,7 @@ func TestPauseResumeCapProcesses(t *testing.T) {
 	} else if err := w.Cancel(ctx); err != nil {
 		t.Fatal(err)
 	}
-	var changes []controlRecord
+	var changes []fleet.ControlRecord
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "processes", "--history", "--process", "install-os", "--json")), &changes); err != nil {
 		t.Fatal(err)
 	}

@@ -39,8 +39,8 @@
 //
 // --json prints the records of a table as an array of objects, or one
 // object for machine ID, whose field names are those of the web pages' JSON
-// (package web): component_name, machine_created_at, …. History is listed
-// newest first, as on the web pages.
+// (both read package fleet's types): component_name, machine_created_at, ….
+// History is listed newest first, as on the web pages.
 //
 // migrate prints the version of bmdb's schema and of every application's
 // after up, down and version, and exits with status 1 if one is dirty (a
