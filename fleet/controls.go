@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/bmdb-dev/bmdb/model"
@@ -21,8 +23,26 @@ type ProcessControl struct {
 	Reason     string    `json:"reason"`
 }
 
+// InForce reports whether c holds its process back: paused, or capped.
+func (c ProcessControl) InForce() bool { return c.Paused || c.ClaimCap != nil }
+
+// State says what c does to its process: "paused", "capped at 3 live
+// claims", both, or "running without a cap".
+func (c ProcessControl) State() string {
+	switch {
+	case c.Paused && c.ClaimCap != nil:
+		return fmt.Sprintf("paused and capped at %d live claims", *c.ClaimCap)
+	case c.Paused:
+		return "paused"
+	case c.ClaimCap != nil:
+		return fmt.Sprintf("capped at %d live claims", *c.ClaimCap)
+	}
+	return "running without a cap"
+}
+
 // ReadProcessControls returns every process with controls (every process
-// that claimed, or that an operator paused or capped), by name.
+// that claimed, or that an operator paused or capped, since its controls
+// were last deleted), by name.
 func ReadProcessControls(ctx context.Context, db *sql.DB) ([]ProcessControl, error) {
 	rows, err := model.New(db).ProcessStatusAll(ctx)
 	if err != nil {
@@ -33,6 +53,19 @@ func ReadProcessControls(ctx context.Context, db *sql.DB) ([]ProcessControl, err
 		out[i] = processControl(r)
 	}
 	return out, nil
+}
+
+// ReadProcessControl returns the controls of process, and false if it has
+// none.
+func ReadProcessControl(ctx context.Context, db *sql.DB, process string) (ProcessControl, bool, error) {
+	r, err := model.New(db).ProcessStatusGet(ctx, process)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return ProcessControl{}, false, nil
+	case err != nil:
+		return ProcessControl{}, false, err
+	}
+	return processControl(r), true, nil
 }
 
 // processControl is r as a ProcessControl.
@@ -48,9 +81,11 @@ func processControl(r model.ProcessStatus) ProcessControl {
 // ControlRecord is one change of a process's controls, from
 // process_control_history.
 type ControlRecord struct {
-	Process     string    `json:"process"`
-	Action      string    `json:"action"` // pause, resume, cap or uncap
-	ClaimCap    *int64    `json:"claim_cap"`
+	Process string `json:"process"`
+	// Action is pause, resume, cap, uncap or delete (the controls row was
+	// deleted: bmdb.Session.DeleteProcessControls).
+	Action      string    `json:"action"`
+	ClaimCap    *int64    `json:"claim_cap"` // the new cap (cap), or the deleted one (delete)
 	At          time.Time `json:"at"`
 	Actor       string    `json:"actor"`
 	RuntimeInfo string    `json:"runtime_info"`

@@ -14,9 +14,9 @@
 //     tags, claims, backoffs and history, and why each claim it lost was
 //     abandoned (abandoned.go).
 //   - The application's stages and tags (views.go).
-//   - Processes (health.go, controls.go): each one's health (claims,
-//     waiting machines, live sessions) and its fleet controls with their
-//     history.
+//   - Processes (processes.go, health.go, controls.go): which processes
+//     the database knows, each one's health (claims, waiting machines,
+//     live sessions) and its fleet controls with their history.
 //   - The overview (overview.go) and its plotted series (series.go), and
 //     a session with its claims and history (session.go).
 //
@@ -26,5 +26,6 @@
 // never by OFFSET. Times come from the database's clock. The functions are
 // safe for concurrent use. Errors about what the caller asked for are
 // *Error (an argument refused, ErrInvalidArgument; something that does not
-// exist, ErrNotFound); others are the database's, wrapped.
+// exist, ErrNotFound) or *UnknownProcessError; others are the database's,
+// wrapped.
 package fleet

@@ -25,11 +25,11 @@
 //
 // The overview shows each process's fleet controls (paused, cap, live
 // claims; a banner per paused process). With Options.Actions, operators
-// who sign in with a token get buttons to pause, resume and cap a process
-// and to clear a backoff (see Actions); without, the pages never write.
-// Every response sends a Content-Security-Policy that allows only the
-// handler's own script and style sheet and no framing, and
-// X-Content-Type-Options: nosniff (security.go). Every request runs its reads under Options.QueryTimeout.
+// who sign in with a token get buttons to pause, resume and cap a process,
+// to delete its controls and to clear a backoff (see Actions); without,
+// the pages never write. Every response sends a Content-Security-Policy
+// that allows only the handler's own script and style sheet and no
+// framing, and X-Content-Type-Options: nosniff (security.go). Every request runs its reads under Options.QueryTimeout.
 package web
 
 import (

@@ -436,7 +436,7 @@ func backoffCommand(fs *flag.FlagSet) runFunc {
 		if why == "" {
 			why = "cleared by " + runtimeInfo()
 		}
-		err = c.withSession(ctx, func(sess *bmdb.Session) error {
+		err = c.withSession(ctx, nil, func(sess *bmdb.Session) error {
 			return sess.ClearBackoff(ctx, id, *process, why)
 		})
 		if err != nil {

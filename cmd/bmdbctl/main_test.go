@@ -443,7 +443,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"migrate", "down", "--steps", "0"}, 2, "--steps is 0, must be positive"},
 		{[]string{"migrate", "force"}, 2, "migrate force takes one VERSION, got 0 arguments"},
 		{[]string{"migrate", "force", "two"}, 2, `VERSION "two" is not a version number`},
-		{[]string{"migrate", "force", "-1"}, 2, "flag provided but not defined: --1"},
+		{[]string{"migrate", "force", "-1"}, 2, `VERSION "-1" is not a version number`},
 		{[]string{"migrate", "force", "999"}, 2, "version 999 is not one of the migrations of bmdb's schema: want 0 (none applied) or one of 1-"},
 		{[]string{"migrate", "up", "--app", "racks"}, 2, "migrate up --app racks needs --migrations DIR"},
 		{[]string{"migrate", "version", "--migrations", "."}, 2, "--migrations needs --app"},
