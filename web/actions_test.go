@@ -71,14 +71,16 @@ func (f *site) count(t *testing.T, query string, args ...any) int {
 }
 
 // Every response, pages, errors and assets, read-only or not, forbids
-// framing and sniffing, and allows no script but the handler's own.
+// framing and sniffing, and allows no script and no style but the
+// handler's own: no inline ones.
 func TestSecurityHeaders(t *testing.T) {
 	f := seed(t)
 	for _, srv := range []*httptest.Server{f.srv, f.withActions(t)} {
 		for _, path := range []string{"/", "/machines", "/machine/" + f.busy.String(), "/machine/not-a-uuid", "/nowhere", "/static/bmdb.js", "/?format=json"} {
 			_, _, h := getWith(t, client(t), srv.URL+path)
 			csp := h.Get("Content-Security-Policy")
-			if !strings.Contains(csp, "frame-ancestors 'none'") || !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-eval") {
+			if !strings.Contains(csp, "frame-ancestors 'none'") || !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "style-src 'self';") ||
+				strings.Contains(csp, "unsafe-eval") || strings.Contains(csp, "unsafe-inline") {
 				t.Errorf("%s: Content-Security-Policy %q", path, csp)
 			}
 			if h.Get("X-Content-Type-Options") != "nosniff" || h.Get("X-Frame-Options") != "DENY" {
@@ -321,4 +323,39 @@ func TestDeleteControlsAction(t *testing.T) {
 	if !strings.Contains(body, "install-os had no controls: nothing changed") {
 		t.Errorf("the second delete does not say it changed nothing")
 	}
+}
+
+// No served page has a style attribute or element: the policy allows
+// none (no 'unsafe-inline').
+func TestNoInlineStyles(t *testing.T) {
+	f := seed(t)
+	srv := f.withActions(t)
+	signedOut := client(t)
+	op, _ := signIn(t, srv)
+	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {mustCSRF(t, op, srv)}, "process": {"install-os"}, "cap": {"2"}}); status != http.StatusSeeOther {
+		t.Fatalf("cap = %d", status) // a capped process's row has the most forms
+	}
+	inline := regexp.MustCompile(`(?i)<style|\sstyle\s*=`)
+	pages := []string{"/", "/machines", "/machines?sort=age", "/machine/" + f.busy.String(), "/machine/" + f.failed.String(),
+		"/session/" + f.sess.ID().String(), "/login", "/nowhere", "/machine/nope"}
+	for _, c := range []*http.Client{signedOut, op} {
+		for _, path := range pages {
+			_, body, _ := getWith(t, c, srv.URL+path)
+			if m := inline.FindString(body); m != "" {
+				i := strings.Index(body, m)
+				t.Errorf("%s has inline style %q: …%s…", path, m, body[max(0, i-80):min(len(body), i+80)])
+			}
+		}
+	}
+}
+
+// mustCSRF returns the CSRF token of op's overview.
+func mustCSRF(t *testing.T, op *http.Client, srv *httptest.Server) string {
+	t.Helper()
+	_, body, _ := getWith(t, op, srv.URL+"/")
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token")
+	}
+	return m[1]
 }

@@ -28,8 +28,9 @@
 // who sign in with a token get buttons to pause, resume and cap a process,
 // to delete its controls and to clear a backoff (see Actions); without,
 // the pages never write. Every response sends a Content-Security-Policy
-// that allows only the handler's own script and style sheet and no
-// framing, and X-Content-Type-Options: nosniff (security.go). Every request runs its reads under Options.QueryTimeout.
+// that allows only the handler's own script and style sheet (no inline
+// script or style) and no framing, and X-Content-Type-Options: nosniff
+// (security.go). Every request runs its reads under Options.QueryTimeout.
 package web
 
 import (

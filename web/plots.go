@@ -10,10 +10,12 @@ import (
 )
 
 // The plots are SVG rendered here, inline in the page: no script, no
-// external asset. They draw package fleet's series (fleet.EventRates,
-// fleet.ClaimAges).
+// external asset, no style attribute (colours are SVG attributes), so the
+// Content-Security-Policy needs no 'unsafe-inline'. They draw package
+// fleet's series (fleet.EventRates, fleet.ClaimAges).
 
-// Plot colours, one per event and claim state.
+// Plot colours, one per event and claim state; the legends' are the style
+// sheet's (.legend .finished, ...).
 const (
 	colorFinished  = "#2e8b57"
 	colorFailed    = "#c0392b"
