@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode"
@@ -93,6 +94,48 @@ func (s *Session) CapProcess(ctx context.Context, process string, n int, ch Cont
 		}
 		return paused, sql.NullInt64{Int64: int64(n), Valid: true}, actionCap
 	})
+}
+
+// DeleteProcessControls deletes the controls row of process, and its
+// claim slots, for an operator taking a process off the fleet controls
+// (one that no longer runs, or a mistyped name an operator paused). This
+// lifts a pause or a cap of process: from the moment it returns nil,
+// claims of process commit as if it had never been controlled, and the
+// next one makes a fresh controls row, running without a cap, as a
+// process's first claim does. Claims held go on and end normally; its
+// transaction waits for the claims of process in flight, as PauseProcess's
+// does. The deletion is recorded, with ch, in process_control_history
+// (action delete, with the cap the row had). It reports whether process
+// had controls (false: nothing was deleted or recorded). process must pass
+// ValidateProcess, and ch.By its bounds (else ErrInvalidArgument); other
+// errors are Transact's. Deleting a pause or a cap is the caller's
+// decision: bmdbctl and package web ask the operator to say so.
+func (s *Session) DeleteProcessControls(ctx context.Context, process string, ch ControlChange) (deleted bool, err error) {
+	if err := ValidateProcess(process); err != nil {
+		return false, err
+	}
+	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return false, invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
+	}
+	err = s.transact(ctx, readCommitted, func(tx *Tx) error {
+		deleted = false
+		_, err := tx.q.ProcessControlDelete(ctx, store.ProcessControlDeleteParams{
+			Process: process, Actor: cmp.Or(ch.By, s.conn.cfg.ComponentName),
+			RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: truncateCause(ch.Reason),
+		})
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil
+		case err != nil:
+			return fmt.Errorf("bmdb: deleting the controls of %q: %w", process, err)
+		}
+		deleted = true
+		if _, err := tx.q.ProcessSlotsDelete(ctx, process); err != nil {
+			return fmt.Errorf("bmdb: deleting the claim slots of %q: %w", process, err)
+		}
+		return nil
+	})
+	return deleted, err
 }
 
 // control changes the controls of process to what change returns given

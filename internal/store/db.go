@@ -30,6 +30,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	if q.machineCreateManyStmt, err = db.PrepareContext(ctx, machineCreateMany); err != nil {
 		return nil, fmt.Errorf("error preparing query MachineCreateMany: %w", err)
 	}
+	if q.processControlDeleteStmt, err = db.PrepareContext(ctx, processControlDelete); err != nil {
+		return nil, fmt.Errorf("error preparing query ProcessControlDelete: %w", err)
+	}
 	if q.processControlEnsureStmt, err = db.PrepareContext(ctx, processControlEnsure); err != nil {
 		return nil, fmt.Errorf("error preparing query ProcessControlEnsure: %w", err)
 	}
@@ -38,6 +41,9 @@ func Prepare(ctx context.Context, db DBTX) (*Queries, error) {
 	}
 	if q.processControlSetStmt, err = db.PrepareContext(ctx, processControlSet); err != nil {
 		return nil, fmt.Errorf("error preparing query ProcessControlSet: %w", err)
+	}
+	if q.processSlotsDeleteStmt, err = db.PrepareContext(ctx, processSlotsDelete); err != nil {
+		return nil, fmt.Errorf("error preparing query ProcessSlotsDelete: %w", err)
 	}
 	if q.processSlotsEnsureStmt, err = db.PrepareContext(ctx, processSlotsEnsure); err != nil {
 		return nil, fmt.Errorf("error preparing query ProcessSlotsEnsure: %w", err)
@@ -138,6 +144,11 @@ func (q *Queries) Close() error {
 			err = fmt.Errorf("error closing machineCreateManyStmt: %w", cerr)
 		}
 	}
+	if q.processControlDeleteStmt != nil {
+		if cerr := q.processControlDeleteStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing processControlDeleteStmt: %w", cerr)
+		}
+	}
 	if q.processControlEnsureStmt != nil {
 		if cerr := q.processControlEnsureStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing processControlEnsureStmt: %w", cerr)
@@ -151,6 +162,11 @@ func (q *Queries) Close() error {
 	if q.processControlSetStmt != nil {
 		if cerr := q.processControlSetStmt.Close(); cerr != nil {
 			err = fmt.Errorf("error closing processControlSetStmt: %w", cerr)
+		}
+	}
+	if q.processSlotsDeleteStmt != nil {
+		if cerr := q.processSlotsDeleteStmt.Close(); cerr != nil {
+			err = fmt.Errorf("error closing processSlotsDeleteStmt: %w", cerr)
 		}
 	}
 	if q.processSlotsEnsureStmt != nil {
@@ -334,9 +350,11 @@ type Queries struct {
 	tx                           *sql.Tx
 	appSchemaCompatOldestStmt    *sql.Stmt
 	machineCreateManyStmt        *sql.Stmt
+	processControlDeleteStmt     *sql.Stmt
 	processControlEnsureStmt     *sql.Stmt
 	processControlLockStmt       *sql.Stmt
 	processControlSetStmt        *sql.Stmt
+	processSlotsDeleteStmt       *sql.Stmt
 	processSlotsEnsureStmt       *sql.Stmt
 	schemaCompatOldestStmt       *sql.Stmt
 	sessionCheckStmt             *sql.Stmt
@@ -373,9 +391,11 @@ func (q *Queries) WithTx(tx *sql.Tx) *Queries {
 		tx:                           tx,
 		appSchemaCompatOldestStmt:    q.appSchemaCompatOldestStmt,
 		machineCreateManyStmt:        q.machineCreateManyStmt,
+		processControlDeleteStmt:     q.processControlDeleteStmt,
 		processControlEnsureStmt:     q.processControlEnsureStmt,
 		processControlLockStmt:       q.processControlLockStmt,
 		processControlSetStmt:        q.processControlSetStmt,
+		processSlotsDeleteStmt:       q.processSlotsDeleteStmt,
 		processSlotsEnsureStmt:       q.processSlotsEnsureStmt,
 		schemaCompatOldestStmt:       q.schemaCompatOldestStmt,
 		sessionCheckStmt:             q.sessionCheckStmt,

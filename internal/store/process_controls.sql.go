@@ -10,6 +10,49 @@ import (
 	"database/sql"
 )
 
+const processControlDelete = `-- name: ProcessControlDelete :one
+WITH deleted AS (
+    DELETE FROM process_controls WHERE process = $1::TEXT
+    RETURNING process, paused, claim_cap
+), recorded AS (
+    INSERT INTO process_control_history (process, action, claim_cap, at, actor, runtime_info, reason)
+    SELECT deleted.process, 'delete', deleted.claim_cap, statement_timestamp(),
+           $2::TEXT, $3::TEXT, $4::TEXT
+    FROM deleted
+    RETURNING id
+)
+SELECT deleted.paused, deleted.claim_cap FROM deleted
+`
+
+type ProcessControlDeleteParams struct {
+	Process     string
+	Actor       string
+	RuntimeInfo string
+	Reason      string
+}
+
+type ProcessControlDeleteRow struct {
+	Paused   bool
+	ClaimCap sql.NullInt64
+}
+
+// ProcessControlDelete deletes the controls row of process, once the
+// claims of the process in flight have ended (they hold it FOR SHARE),
+// and records the deletion (action delete, with the cap it had) in
+// process_control_history; it returns whether the row was paused and its
+// cap, and no row if the process had no controls.
+func (q *Queries) ProcessControlDelete(ctx context.Context, arg ProcessControlDeleteParams) (ProcessControlDeleteRow, error) {
+	row := q.queryRow(ctx, q.processControlDeleteStmt, processControlDelete,
+		arg.Process,
+		arg.Actor,
+		arg.RuntimeInfo,
+		arg.Reason,
+	)
+	var i ProcessControlDeleteRow
+	err := row.Scan(&i.Paused, &i.ClaimCap)
+	return i, err
+}
+
 const processControlEnsure = `-- name: ProcessControlEnsure :exec
 INSERT INTO process_controls (process) VALUES ($1)
 ON CONFLICT (process) DO NOTHING
@@ -86,6 +129,21 @@ func (q *Queries) ProcessControlSet(ctx context.Context, arg ProcessControlSetPa
 		arg.Process,
 	)
 	return err
+}
+
+const processSlotsDelete = `-- name: ProcessSlotsDelete :execrows
+DELETE FROM process_slots WHERE process = $1::TEXT
+`
+
+// ProcessSlotsDelete deletes the claim slots of process (made by
+// ProcessSlotsEnsure for its caps); the claims that hold one keep its
+// number in work.slot until they end.
+func (q *Queries) ProcessSlotsDelete(ctx context.Context, process string) (int64, error) {
+	result, err := q.exec(ctx, q.processSlotsDeleteStmt, processSlotsDelete, process)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
 }
 
 const processSlotsEnsure = `-- name: ProcessSlotsEnsure :exec
