@@ -63,7 +63,7 @@ func (m Machine) PastBackoffs() []model.WorkBackoffForMachineRow {
 // Machine's Older for the next). A malformed cursor is ErrInvalidArgument,
 // an unknown machine ErrNotFound.
 func ReadMachine(ctx context.Context, db *sql.DB, id uuid.UUID, before string, historyLimit int) (Machine, error) {
-	beforeAt, beforeID, err := parseHistoryCursor(before)
+	cursor, err := parseHistoryCursor(before)
 	if err != nil {
 		return Machine{}, err
 	}
@@ -91,7 +91,8 @@ func ReadMachine(ctx context.Context, db *sql.DB, id uuid.UUID, before string, h
 		return Machine{}, err
 	}
 	m.History, err = q.ReadableHistoryForMachinePage(ctx, model.ReadableHistoryForMachinePageParams{
-		MachineID: id, BeforeAt: beforeAt, BeforeID: beforeID, RowLimit: int32(historyLimit + 1),
+		MachineID: id, AfterProcess: cursor.process, BeforeSeq: cursor.seq, BeforeAt: cursor.at, BeforeID: cursor.id,
+		RowLimit: int32(historyLimit + 1),
 	})
 	if err != nil {
 		return Machine{}, err
@@ -99,7 +100,7 @@ func ReadMachine(ctx context.Context, db *sql.DB, id uuid.UUID, before string, h
 	if len(m.History) > historyLimit {
 		m.History = m.History[:historyLimit]
 		last := m.History[historyLimit-1]
-		m.Older = fmt.Sprintf("%d_%d", last.At.UnixNano(), last.ID)
+		m.Older = historyCursor{process: last.Process, seq: last.Seq.Int64, at: last.At, id: last.ID}.String()
 	}
 	if m.AbandonedWhy, err = abandonedWhy(ctx, db, m.History); err != nil {
 		return Machine{}, err
@@ -133,17 +134,35 @@ func readStatus(ctx context.Context, db *sql.DB, id uuid.UUID, views AppViews) (
 	return row, err
 }
 
-// parseHistoryCursor parses a history cursor "UNIXNANO_ID"; "" is the
-// start.
-func parseHistoryCursor(s string) (time.Time, int64, error) {
+// historyCursor is where a machine's history page starts: after the row
+// of process, seq, at and id (see ReadableHistoryForMachinePage).
+type historyCursor struct {
+	process string
+	seq     int64
+	at      time.Time
+	id      int64
+}
+
+// String returns the cursor as ReadMachine takes it: "SEQ_UNIXNANO_ID_PROCESS"
+// (last, since a process name may hold underscores).
+func (c historyCursor) String() string {
+	return fmt.Sprintf("%d_%d_%d_%s", c.seq, c.at.UnixNano(), c.id, c.process)
+}
+
+// parseHistoryCursor parses a history cursor (historyCursor.String); ""
+// is the start.
+func parseHistoryCursor(s string) (historyCursor, error) {
 	if s == "" {
-		return time.Now().Add(100 * 365 * 24 * time.Hour), 0, nil
+		return historyCursor{}, nil
 	}
-	ns, id, ok := strings.Cut(s, "_")
-	nanos, err1 := strconv.ParseInt(ns, 10, 64)
-	rowID, err2 := strconv.ParseInt(id, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
-		return time.Time{}, 0, invalidArgument("history cursor %q is malformed", s)
+	parts := strings.SplitN(s, "_", 4)
+	if len(parts) == 4 && parts[3] != "" {
+		seq, err1 := strconv.ParseInt(parts[0], 10, 64)
+		nanos, err2 := strconv.ParseInt(parts[1], 10, 64)
+		rowID, err3 := strconv.ParseInt(parts[2], 10, 64)
+		if err1 == nil && err2 == nil && err3 == nil {
+			return historyCursor{process: parts[3], seq: seq, at: time.Unix(0, nanos), id: rowID}, nil
+		}
 	}
-	return time.Unix(0, nanos), rowID, nil
+	return historyCursor{}, invalidArgument("history cursor %q is malformed", s)
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -129,5 +130,47 @@ func TestAbandonedWhy(t *testing.T) {
 	}
 	if p := m.PastBackoffs(); len(m.ActiveBackoffs()) != 0 || len(p) != 1 || p[0].Cause != "ECC errors" {
 		t.Errorf("backed-off machine: in force %+v, past %+v", m.ActiveBackoffs(), p)
+	}
+}
+
+// A machine's history pages come by process, each newest first in the
+// order its events happened (seq), whatever their dates: on CockroachDB
+// each gateway dates rows by its own clock. Here every second row is dated
+// a second before the row before it.
+func TestMachineHistoryInTheOrderItHappened(t *testing.T) {
+	f := seed(t)
+	ctx := context.Background()
+	m := uuid.New()
+	if _, err := f.db.Exec(`INSERT INTO machines (machine_id) VALUES ($1)`, m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.db.Exec(`INSERT INTO work_history (machine_id, process, session_id, event, at, seq)
+		SELECT $1, p, gen_random_uuid(), (CASE WHEN i % 2 = 1 THEN 'Started' ELSE 'Finished' END)::work_history_event,
+		       now() - INTERVAL '1 hour' + i * INTERVAL '1 second' - (i % 2) * INTERVAL '1500 milliseconds', i
+		FROM generate_series(1, 30) AS i, unnest(ARRAY['a', 'b']) AS p`, m); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	cursor := ""
+	for {
+		page, err := ReadMachine(ctx, f.db, m, cursor, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range page.History {
+			got = append(got, h.Process+":"+strconv.FormatInt(h.Seq.Int64, 10))
+		}
+		if cursor = page.Older; cursor == "" {
+			break
+		}
+	}
+	var want []string
+	for _, p := range []string{"a", "b"} {
+		for i := 30; i >= 1; i-- {
+			want = append(want, p+":"+strconv.Itoa(i))
+		}
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("pages = %v\nwant %v", got, want)
 	}
 }
