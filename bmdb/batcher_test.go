@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.uber.org/goleak"
 
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 )
@@ -130,12 +131,7 @@ func batchEnv(t *testing.T) (*env, *Connection, *Session) {
 }
 
 // queued returns how many calls of s for process wait for a batch.
-func queued(s *Session, process string) int {
-	b := s.batcher(process)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.waiting)
-}
+func queued(s *Session, process string) int { return s.claims.Waiting(process) }
 
 // startedPerTransaction returns the sizes of the session's claim
 // transactions, from the Started rows each wrote (grouped by the
@@ -565,7 +561,7 @@ func TestAmbiguousBatchWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval, c.MaxConcurrentBatches = time.Minute, 1 }) // PostgreSQL's commit (the hook)
 	var armed atomic.Bool
 	var pass atomic.Int32 // commits let through while armed
-	c.hooks.commit = func(tx *sql.Tx) error {
+	c.runner.Hooks.Commit = func(tx *sql.Tx) error {
 		if err := tx.Commit(); err != nil || !armed.Load() || pass.Add(-1) >= 0 {
 			return err
 		}
@@ -647,36 +643,41 @@ func TestPanickingCallbackPanicsOnlyItsCaller(t *testing.T) {
 	}
 }
 
-// A session's batchers exit with it: calls queued at its end, and later
-// ones, get its error.
-func TestBatcherExitsWithTheSession(t *testing.T) {
-	e := newWorkEnv(t)
+// A session starts one goroutine, its heartbeat, and Close waits for it:
+// its claims and ends run on their callers' goroutines. After Close,
+// calls get its error. Not parallel, so that the goroutines it counts are
+// its own.
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	e := serialEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
 	exact(c)
+	before := goleak.IgnoreCurrent()
 	s, err := c.StartSession(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); err != nil {
+	var works []*Work
+	for range 3 {
+		w, err := s.Work(context.Background(), "install", retrieveAll(e.machine()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		works = append(works, w)
+	}
+	if err := works[0].Finish(context.Background(), noCommit); err != nil {
 		t.Fatal(err)
 	}
-	b := s.batcher("install")
 	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the batcher exited", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.closed != nil
-	})
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if !errors.Is(closed, ErrSessionClosed) {
-		t.Errorf("the batcher's reply to later requests = %v, want ErrSessionClosed", closed)
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("goroutines left after Close: %v", err)
 	}
 	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); !errors.Is(err, ErrSessionClosed) {
 		t.Errorf("Work after Close = %v, want ErrSessionClosed", err)
+	}
+	if err := works[1].Finish(context.Background(), noCommit); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("Finish after Close = %v, want ErrSessionClosed", err)
 	}
 }
 

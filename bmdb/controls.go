@@ -10,6 +10,7 @@ import (
 	"unicode"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/txn"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
@@ -28,6 +29,15 @@ type ControlChange struct {
 	By string
 	// Reason is why, free text, truncated as Fail's cause is.
 	Reason string
+}
+
+// validate returns an error wrapping ErrInvalidArgument if ch.By is not
+// at most maxControlByLength bytes of printable UTF-8.
+func (ch ControlChange) validate() error {
+	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
+	}
+	return nil
 }
 
 // The actions of process_control_history.
@@ -114,12 +124,13 @@ func (s *Session) DeleteProcessControls(ctx context.Context, process string, ch 
 	if err := ValidateProcess(process); err != nil {
 		return false, err
 	}
-	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return false, invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
+	if err := ch.validate(); err != nil {
+		return false, err
 	}
-	err = s.transact(ctx, readCommitted, func(tx *Tx) error {
+	err = s.transact(ctx, txn.ReadCommitted, func(tx *Tx) error {
 		deleted = false
-		_, err := tx.q.ProcessControlDelete(ctx, store.ProcessControlDeleteParams{
+		q := tx.t.Store()
+		_, err := q.ProcessControlDelete(ctx, store.ProcessControlDeleteParams{
 			Process: process, Actor: cmp.Or(ch.By, s.conn.cfg.ComponentName),
 			RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: truncateCause(ch.Reason),
 		})
@@ -130,7 +141,7 @@ func (s *Session) DeleteProcessControls(ctx context.Context, process string, ch 
 			return fmt.Errorf("bmdb: deleting the controls of %q: %w", process, err)
 		}
 		deleted = true
-		if _, err := tx.q.ProcessSlotsDelete(ctx, process); err != nil {
+		if _, err := q.ProcessSlotsDelete(ctx, process); err != nil {
 			return fmt.Errorf("bmdb: deleting the claim slots of %q: %w", process, err)
 		}
 		return nil
@@ -149,15 +160,16 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 	if err := ValidateProcess(process); err != nil {
 		return false, err
 	}
-	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return false, invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
+	if err := ch.validate(); err != nil {
+		return false, err
 	}
 	by := cmp.Or(ch.By, s.conn.cfg.ComponentName)
 	reason := truncateCause(ch.Reason)
 	var changed bool
 	var restricts bool // the change may keep a claim that read the old controls from being allowed
-	err := s.transact(ctx, readCommitted, func(tx *Tx) error {
-		cur, err := tx.q.ProcessControlLock(ctx, process)
+	err := s.transact(ctx, txn.ReadCommitted, func(tx *Tx) error {
+		q := tx.t.Store()
+		cur, err := q.ProcessControlLock(ctx, process)
 		if err != nil {
 			return fmt.Errorf("bmdb: locking the controls of %q: %w", process, err)
 		}
@@ -168,15 +180,15 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 			return nil
 		}
 		if cap.Valid {
-			err := tx.q.ProcessSlotsEnsure(ctx, store.ProcessSlotsEnsureParams{Process: process, ClaimCap: cap.Int64})
+			err := q.ProcessSlotsEnsure(ctx, store.ProcessSlotsEnsureParams{Process: process, ClaimCap: cap.Int64})
 			if err != nil {
 				return fmt.Errorf("bmdb: making the claim slots of %q: %w", process, err)
 			}
-			if _, err := tx.q.WorkSlotsAssign(ctx, process); err != nil {
+			if _, err := q.WorkSlotsAssign(ctx, process); err != nil {
 				return fmt.Errorf("bmdb: giving the claims of %q slots: %w", process, err)
 			}
 		}
-		err = tx.q.ProcessControlSet(ctx, store.ProcessControlSetParams{
+		err = q.ProcessControlSet(ctx, store.ProcessControlSetParams{
 			Process: process, Paused: paused, ClaimCap: cap, Action: action,
 			Actor: by, RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: reason,
 		})
@@ -201,18 +213,6 @@ func (s *Session) waitOutClaims(ctx context.Context, process string) error {
 	}
 	if err := wait.Sleep(ctx, d+s.conn.cfg.MaxClockOffset); err != nil {
 		return fmt.Errorf("bmdb: the controls of %q changed, but waiting out the claims that read them before: %w", process, err)
-	}
-	return nil
-}
-
-// ensureControls makes the controls row of process (running, no cap) if
-// it has none, outside any transaction: every claim of process reads it.
-func (s *Session) ensureControls(ctx context.Context, process string) error {
-	err := s.autocommit(ctx, func(ctx context.Context) error {
-		return s.conn.prepared.ProcessControlEnsure(ctx, process)
-	})
-	if err != nil {
-		return fmt.Errorf("making the controls row of %q: %w", process, err)
 	}
 	return nil
 }

@@ -22,6 +22,9 @@ import (
 
 // cockroachMode is a Config modifier forcing cockroach mode with no random
 // injection (tests inject what they need through emulatorOf).
+// sqlRelease is crdb's RELEASE SAVEPOINT, CockroachDB's commit point.
+const sqlRelease = "RELEASE SAVEPOINT cockroach_restart"
+
 func cockroachMode(c *Config) { withMode(crdbmode.Settings{Enabled: true, RetryRate: 0})(c) }
 
 // injected returns a database error with code, as the injector's.
@@ -211,7 +214,7 @@ func TestCockroachClockMargin(t *testing.T) {
 		t.Fatalf("Open with a 900ms interval and the default offset = %v, want ErrInvalidArgument naming MaxClockOffset", err)
 	}
 	c := e.open(cockroachMode, func(c *Config) { c.MaxClockOffset = 300 * time.Millisecond })
-	c.hooks.beforePoke = func(context.Context) error { return errors.New("injected: unreachable") }
+	c.leaseHooks.BeforeHeartbeat = func(context.Context) error { return errors.New("injected: unreachable") }
 	start := time.Now()
 	s := e.session(c)
 	waitDone(t, s, 3*testInterval)

@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/lib/pq"
 
+	"github.com/bmdb-dev/bmdb/internal/lease"
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
@@ -88,7 +89,7 @@ func TestGCListsAndLocksByPrimaryKey(t *testing.T) {
 		}
 		return
 	}
-	rows, err := e.db.Query(list, bound, gcListLimit)
+	rows, err := e.db.Query(list, bound, lease.GCListLimit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +180,7 @@ func TestGCProgressesWithinItsBudget(t *testing.T) {
 	for pass := 1; left() > 0; pass++ {
 		before := left()
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
-		n, _, err := c.collectGarbage(ctx)
+		n, _, err := c.collector.Pass(ctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
 			t.Fatalf("pass %d: %v", pass, err)
@@ -189,7 +190,7 @@ func TestGCProgressesWithinItsBudget(t *testing.T) {
 		if after := left(); after >= before || n > int64(before-after) || n == 0 {
 			t.Fatalf("pass %d of %v deleted %d (counted %d) of %d expired sessions: no progress (%v)", pass, budget, before-after, n, before, err)
 		}
-		if pass > 2*dead/gcBatch {
+		if pass > 2*dead/100 {
 			t.Fatalf("%d sessions left after %d passes", left(), pass)
 		}
 	}
@@ -308,7 +309,7 @@ func TestCollectGarbageCountsOnlyWhatItCommitted(t *testing.T) {
 	var otherDeleted int64
 	var otherErr error
 	failed := false
-	c.hooks.commit = func(tx *sql.Tx) error {
+	c.runner.Hooks.Commit = func(tx *sql.Tx) error {
 		if failed {
 			return tx.Commit()
 		}

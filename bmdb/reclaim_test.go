@@ -52,7 +52,7 @@ func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 				cfg := func(c *Config) { c.SessionInterval = interval }
 				deadConn, liveConn := e.open(cfg), e.open(cfg)
 				var stopped atomic.Bool
-				deadConn.hooks.beforePoke = func(context.Context) error {
+				deadConn.leaseHooks.BeforeHeartbeat = func(context.Context) error {
 					if stopped.Load() {
 						return errors.New("killed")
 					}

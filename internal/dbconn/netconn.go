@@ -141,7 +141,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 		raw.Close()
 		return nil, errors.New("bmdb: the wrapped connector's connections are not lib/pq's")
 	}
-	cn := &conn{pq: pc, nc: slot.conn, cache: newStmtCache(c.settings.StmtCacheSize)}
+	cn := &conn{pq: pc, nc: slot.conn, cache: newStmtCache(c.settings.StmtCacheSize), own: newStmtCache(ownStatements)}
 	if cn.nc == nil { // not dialed by our dialer: cannot happen
 		pc.Close()
 		return nil, errors.New("bmdb: connection was not dialed by bmdb's dialer")
@@ -355,6 +355,7 @@ type conn struct {
 	nc     *netConn
 	unbase func() bool // stops the pool's base watch; nil if none
 	cache  *stmtCache  // nil: statements with parameters are not kept prepared
+	own    *stmtCache  // bmdb's own statements (Own), prepared from their first use
 
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
@@ -425,8 +426,11 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 
 // ExecContext implements driver.ExecerContext.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if len(args) > 0 && isOwn(ctx) {
+		return c.execCached(c.own, ctx, query, args)
+	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
-		return c.execCached(ctx, query, args)
+		return c.execCached(c.cache, ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)
 	defer stop()
@@ -437,8 +441,11 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext implements driver.QueryerContext. ctx bounds the call and
 // the reading of its rows.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if len(args) > 0 && isOwn(ctx) {
+		return c.queryCached(c.own, ctx, query, args)
+	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
-		return c.queryCached(ctx, query, args)
+		return c.queryCached(c.cache, ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)
 	r, err := c.pq.QueryContext(never, query, args)
@@ -462,12 +469,14 @@ func (c *conn) ResetSession(ctx context.Context) error {
 	if c.nc.cutCause() != nil {
 		return driver.ErrBadConn
 	}
-	if c.cache != nil && len(c.cache.retired) > 0 {
-		stop := c.nc.watch(ctx)
-		err := c.cache.closeRetired()
-		stop()
-		if err != nil {
-			return driver.ErrBadConn
+	for _, cache := range []*stmtCache{c.own, c.cache} {
+		if cache != nil && len(cache.retired) > 0 {
+			stop := c.nc.watch(ctx)
+			err := cache.closeRetired()
+			stop()
+			if err != nil {
+				return driver.ErrBadConn
+			}
 		}
 	}
 	return c.pq.ResetSession(ctx)

@@ -42,7 +42,7 @@ type ProcessControlDeleteRow struct {
 // process_control_history; it returns whether the row was paused and its
 // cap, and no row if the process had no controls.
 func (q *Queries) ProcessControlDelete(ctx context.Context, arg ProcessControlDeleteParams) (ProcessControlDeleteRow, error) {
-	row := q.queryRow(ctx, q.processControlDeleteStmt, processControlDelete,
+	row := q.db.QueryRowContext(ctx, processControlDelete,
 		arg.Process,
 		arg.Actor,
 		arg.RuntimeInfo,
@@ -63,7 +63,7 @@ ON CONFLICT (process) DO NOTHING
 // (WorkClaimMany) and claims nothing without it; it runs on its own,
 // outside any claim transaction, before the process's first claim.
 func (q *Queries) ProcessControlEnsure(ctx context.Context, process string) error {
-	_, err := q.exec(ctx, q.processControlEnsureStmt, processControlEnsure, process)
+	_, err := q.db.ExecContext(ctx, processControlEnsure, process)
 	return err
 }
 
@@ -84,7 +84,7 @@ type ProcessControlLockRow struct {
 // FOR SHARE), and claims that read the row before the change commits fail
 // or are serialized before it (see WorkClaimMany).
 func (q *Queries) ProcessControlLock(ctx context.Context, process string) (ProcessControlLockRow, error) {
-	row := q.queryRow(ctx, q.processControlLockStmt, processControlLock, process)
+	row := q.db.QueryRowContext(ctx, processControlLock, process)
 	var i ProcessControlLockRow
 	err := row.Scan(&i.Paused, &i.ClaimCap)
 	return i, err
@@ -119,7 +119,7 @@ type ProcessControlSetParams struct {
 // the change (action: pause, resume, cap or uncap) in
 // process_control_history.
 func (q *Queries) ProcessControlSet(ctx context.Context, arg ProcessControlSetParams) error {
-	_, err := q.exec(ctx, q.processControlSetStmt, processControlSet,
+	_, err := q.db.ExecContext(ctx, processControlSet,
 		arg.Action,
 		arg.ClaimCap,
 		arg.Actor,
@@ -139,7 +139,7 @@ DELETE FROM process_slots WHERE process = $1::TEXT
 // ProcessSlotsEnsure for its caps); the claims that hold one keep its
 // number in work.slot until they end.
 func (q *Queries) ProcessSlotsDelete(ctx context.Context, process string) (int64, error) {
-	result, err := q.exec(ctx, q.processSlotsDeleteStmt, processSlotsDelete, process)
+	result, err := q.db.ExecContext(ctx, processSlotsDelete, process)
 	if err != nil {
 		return 0, err
 	}
@@ -160,7 +160,7 @@ type ProcessSlotsEnsureParams struct {
 // ProcessSlotsEnsure creates the slots 0..claim_cap-1 of process that do
 // not exist (slots at or above a lowered cap stay, unused).
 func (q *Queries) ProcessSlotsEnsure(ctx context.Context, arg ProcessSlotsEnsureParams) error {
-	_, err := q.exec(ctx, q.processSlotsEnsureStmt, processSlotsEnsure, arg.Process, arg.ClaimCap)
+	_, err := q.db.ExecContext(ctx, processSlotsEnsure, arg.Process, arg.ClaimCap)
 	return err
 }
 
@@ -179,7 +179,7 @@ WHERE work.process = $1::TEXT AND work.machine_id = x.machine_id
 // ProcessControlLock, which waited for the claims in flight, at READ
 // COMMITTED on PostgreSQL so that it sees them.
 func (q *Queries) WorkSlotsAssign(ctx context.Context, process string) (int64, error) {
-	result, err := q.exec(ctx, q.workSlotsAssignStmt, workSlotsAssign, process)
+	result, err := q.db.ExecContext(ctx, workSlotsAssign, process)
 	if err != nil {
 		return 0, err
 	}

@@ -39,7 +39,7 @@ RETURNING work_history.process
 // expired by their statements' clock, so an Abandoned row is never dated
 // before its session's deadline.
 func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.UUID) ([]string, error) {
-	rows, err := q.query(ctx, q.workAbandonOfSessionsStmt, workAbandonOfSessions, pq.Array(sessionIds))
+	rows, err := q.db.QueryContext(ctx, workAbandonOfSessions, pq.Array(sessionIds))
 	if err != nil {
 		return nil, err
 	}
@@ -262,7 +262,7 @@ type WorkClaimManyRow struct {
 // claimed nothing. Being the check, it comes right after the retrievals,
 // whose snapshot is then as fresh as can be when the candidates are locked.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
-	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
+	rows, err := q.db.QueryContext(ctx, workClaimMany,
 		pq.Array(arg.Offer),
 		arg.MaxIdleMs,
 		arg.SessionID,
@@ -443,7 +443,7 @@ type WorkClaimManyArbitratedRow struct {
 // or, if the first rolled back, claims. It locks nothing but the claim
 // rows of what it offers. Everything else is WorkClaimMany's.
 func (q *Queries) WorkClaimManyArbitrated(ctx context.Context, arg WorkClaimManyArbitratedParams) ([]WorkClaimManyArbitratedRow, error) {
-	rows, err := q.query(ctx, q.workClaimManyArbitratedStmt, workClaimManyArbitrated,
+	rows, err := q.db.QueryContext(ctx, workClaimManyArbitrated,
 		pq.Array(arg.Offer),
 		arg.MaxIdleMs,
 		arg.SessionID,
@@ -528,7 +528,7 @@ type WorkClaimStatesRow struct {
 // being made by a transaction not yet committed is not seen: such a
 // machine has no holder here.
 func (q *Queries) WorkClaimStates(ctx context.Context, arg WorkClaimStatesParams) ([]WorkClaimStatesRow, error) {
-	rows, err := q.query(ctx, q.workClaimStatesStmt, workClaimStates, arg.Process, pq.Array(arg.MachineIds))
+	rows, err := q.db.QueryContext(ctx, workClaimStates, arg.Process, pq.Array(arg.MachineIds))
 	if err != nil {
 		return nil, err
 	}
@@ -595,7 +595,7 @@ type WorkEndManyParams struct {
 // rows (see WorkClaimMany), and returns their claim ids: those missing
 // were no longer held (the fence of a batch's ends).
 func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uuid.NullUUID, error) {
-	rows, err := q.query(ctx, q.workEndManyStmt, workEndMany,
+	rows, err := q.db.QueryContext(ctx, workEndMany,
 		arg.Event,
 		arg.ComponentName,
 		arg.Process,
@@ -653,7 +653,7 @@ type WorkEndSessionParams struct {
 // returns the process of each. The rows are dated by this statement's
 // clock, like the check that found the session expired (or alive).
 func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) ([]string, error) {
-	rows, err := q.query(ctx, q.workEndSessionStmt, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
+	rows, err := q.db.QueryContext(ctx, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -704,7 +704,7 @@ type WorkFencingEnsureParams struct {
 // it never waits for a claim or end holding the row; it waits only for a
 // concurrent WorkFencingEnsure of the same pair, one statement.
 func (q *Queries) WorkFencingEnsure(ctx context.Context, arg WorkFencingEnsureParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.workFencingEnsureStmt, workFencingEnsure, arg.Process, pq.Array(arg.MachineIds))
+	rows, err := q.db.QueryContext(ctx, workFencingEnsure, arg.Process, pq.Array(arg.MachineIds))
 	if err != nil {
 		return nil, err
 	}
@@ -792,7 +792,7 @@ type WorkFinishManyRow struct {
 // claim id if it ended nothing. A batch runs it last, after the commit
 // callbacks, so that it is the check before COMMIT.
 func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]WorkFinishManyRow, error) {
-	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
+	rows, err := q.db.QueryContext(ctx, workFinishMany,
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
@@ -833,7 +833,7 @@ type WorkGetParams struct {
 
 // WorkGet returns the claim of (machine, process), live or not.
 func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) {
-	row := q.queryRow(ctx, q.workGetStmt, workGet, arg.MachineID, arg.Process)
+	row := q.db.QueryRowContext(ctx, workGet, arg.MachineID, arg.Process)
 	var i Work
 	err := row.Scan(
 		&i.MachineID,

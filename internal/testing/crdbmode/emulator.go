@@ -65,7 +65,7 @@ type Emulator struct {
 
 	mu    sync.Mutex
 	rng   *rand.Rand             // guarded by mu
-	poked map[string][]time.Time // guarded by mu: when heartbeats wrote each session's row, within pokeMemory
+	beats map[string][]time.Time // guarded by mu: when heartbeats wrote each session's row, within beatMemory
 
 	off        atomic.Bool  // stops injecting (tests that count retries)
 	nextCommit atomic.Int32 // the fate of the next commit point (tests); CommitAsIs: chance
@@ -84,7 +84,7 @@ func New(s Settings, counts *Counts) *Emulator {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string][]time.Time{}}
+	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), beats: map[string][]time.Time{}}
 	e.failAfter.Store(int32(s.MigrationFailAfter))
 	return e
 }
@@ -225,7 +225,7 @@ const (
 var (
 	sessionReads = []string{"-- name: SessionCheck", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "}   // their session id arguments are read
 	sessionWaits = []string{"-- name: SessionCheck :", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "} // reads that wait for a writer
-	sessionWrite = "-- name: SessionPoke :"                                                                   // the heartbeat
+	sessionWrite = "-- name: SessionHeartbeat :"                                                              // the heartbeat
 )
 
 // Answers the emulation gives in CockroachDB's stead.
@@ -388,7 +388,7 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 	if strings.HasPrefix(q, sessionWrite) {
 		e.mu.Lock()
 		for _, id := range stringArgs(args) {
-			e.poked[id] = remember(e.poked[id], time.Now())
+			e.beats[id] = remember(e.beats[id], time.Now())
 		}
 		e.mu.Unlock()
 	}
@@ -670,8 +670,8 @@ func (t *tx) refresh() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, id := range t.reads {
-		for _, poke := range e.poked[id] {
-			if poke.After(t.start) && !poke.After(pushed) {
+		for _, beat := range e.beats[id] {
+			if beat.After(t.start) && !beat.After(pushed) {
 				e.count(Refresh)
 				return injected(codeSerializationFailure, fmt.Sprintf(
 					"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: a heartbeat between the transaction's start and its push to the closed timestamp, %v ago)", id, closed))
@@ -681,16 +681,16 @@ func (t *tx) refresh() error {
 	return nil
 }
 
-// pokeMemory is how long the emulation remembers a heartbeat: longer than
+// beatMemory is how long the emulation remembers a heartbeat: longer than
 // any transaction it pushes lives.
-const pokeMemory = time.Minute
+const beatMemory = time.Minute
 
-// remember returns pokes with now added and those older than pokeMemory
+// remember returns beats with now added and those older than beatMemory
 // dropped.
-func remember(pokes []time.Time, now time.Time) []time.Time {
-	keep := pokes[:0]
-	for _, p := range pokes {
-		if now.Sub(p) < pokeMemory {
+func remember(beats []time.Time, now time.Time) []time.Time {
+	keep := beats[:0]
+	for _, p := range beats {
+		if now.Sub(p) < beatMemory {
 			keep = append(keep, p)
 		}
 	}
