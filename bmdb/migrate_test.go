@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -256,5 +257,101 @@ func TestCockroachOpenRecoversHalfAppliedMigration(t *testing.T) {
 	}
 	if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != v.Binary {
 		t.Fatalf("schema after recovery = %+v", v)
+	}
+}
+
+// cockroachModes are CockroachDB as each supported version runs a
+// migration (crdbmode's ddl.go): 23.2 and 24.x run a script of several
+// statements as one transaction, and so does 25.x with the role's
+// autocommit_before_ddl off; 25.x by default commits each statement.
+func cockroachModes() []struct {
+	name string
+	s    crdbmode.Settings
+} {
+	off := false
+	return []struct {
+		name string
+		s    crdbmode.Settings
+	}{
+		{"23.2", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}},
+		{"24.1", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 24, Minor: 1}}},
+		{"24.3", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 24, Minor: 3}}},
+		{"25.2, autocommit_before_ddl off", crdbmode.Settings{Enabled: true, AutocommitBeforeDDL: &off}},
+		{"25.2", crdbmode.Settings{Enabled: true}},
+	}
+}
+
+// Open brings a database to the newest version on every CockroachDB
+// version: one at 000014, a fresh one, and
+// one reverted to 000013 (000015's and 000014's down files run too): bmdb
+// sends each statement of a migration on its own. (Before, a whole file
+// went in one Exec, one transaction on 23.2/24.x and on 25.x with
+// autocommit_before_ddl off: 000015's partial index on the column it adds
+// was refused, 0A000, and so was 000014 dropping and adding back a
+// constraint of one name, 42710; the version stayed dirty, and running
+// the file again failed the same way.)
+func TestOpenMigratesOnEveryCockroachVersion(t *testing.T) {
+	t.Parallel()
+	testdb.SkipOnCockroach(t, "emulates each version")
+	for _, mode := range cockroachModes() {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			open := func(dsn string) error {
+				cfg := Config{DSN: dsn, ComponentName: "migrator"}
+				withMode(mode.s)(&cfg)
+				c, err := Open(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				c.Close()
+				if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != v.Binary {
+					return fmt.Errorf("schema after Open = %+v", v)
+				}
+				return nil
+			}
+			at14 := testdb.NewEmpty(t)
+			migrateBmdbTo(t, at14, 14)
+			if err := open(at14); err != nil {
+				t.Errorf("000015 on a database at 14: %v", err)
+			}
+			dsn := testdb.NewEmpty(t)
+			if err := open(dsn); err != nil {
+				t.Fatalf("a fresh database: %v", err)
+			}
+			downTo(t, dsn, mode.s, 13)
+			if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != 13 || !relationExists(t, dsn, "claim_gate") || relationExists(t, dsn, "work_slot_idx") {
+				t.Fatalf("after reverting to 13: %+v, claim_gate %v, work_slot_idx %v", v, relationExists(t, dsn, "claim_gate"), relationExists(t, dsn, "work_slot_idx"))
+			}
+			if err := open(dsn); err != nil {
+				t.Fatalf("from version 13: %v", err)
+			}
+			if !relationExists(t, dsn, "work_slot_idx") || relationExists(t, dsn, "claim_gate") {
+				t.Errorf("after migrating up again: work_slot_idx %v, claim_gate %v", relationExists(t, dsn, "work_slot_idx"), relationExists(t, dsn, "claim_gate"))
+			}
+		})
+	}
+}
+
+// relationExists reports whether the relation name exists in dsn's database.
+func relationExists(t *testing.T, dsn, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := openRaw(t, dsn).QueryRow("SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// downTo reverts bmdb's schema at dsn to version in cockroach mode s.
+func downTo(t *testing.T, dsn string, s crdbmode.Settings, version uint) {
+	t.Helper()
+	m, err := migrations.New(dsn, &migrations.Config{WrapConnector: testdb.EmulatorWith(s).Wrap})
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := schemaVersion(t, dsn, migrations.SchemaBmdb).Database
+	if err := m.Down(context.Background(), migrations.SchemaBmdb, int(latest-version)); err != nil {
+		t.Fatalf("reverting to %d: %v", version, err)
 	}
 }

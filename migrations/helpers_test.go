@@ -39,7 +39,8 @@ func migrateTo(t *testing.T, m *Migrator, version uint) {
 	ctx := context.Background()
 	err := m.withPool(ctx, func(mp *migrationPool) error {
 		return mp.locked(ctx, "migrateTo", func() error {
-			return mp.run(ctx, m.srcs[0], func(g *gomigrate.Migrate) error { return g.Migrate(version) })
+			_, err := mp.run(ctx, m.srcs[0], func(g *gomigrate.Migrate) error { return g.Migrate(version) })
+			return err
 		})
 	})
 	if err != nil {

@@ -11,9 +11,6 @@ import (
 	"time"
 
 	gomigrate "github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/database"
-	"github.com/golang-migrate/migrate/v4/database/cockroachdb"
-	"github.com/golang-migrate/migrate/v4/database/postgres"
 	gosource "github.com/golang-migrate/migrate/v4/source"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/lib/pq"
@@ -39,11 +36,12 @@ const SchemaBmdb = "bmdb"
 
 // source is one set of migrations.
 type source struct {
-	name     string // SchemaBmdb, or the Application's Name
-	fsys     fs.FS  // nil: the Migrator does not have the files (an application known only by its table)
-	table    string // golang-migrate's version table
-	versions []uint // the versions of fsys's up files, in order
-	latest   uint   // the newest of versions (0: no files)
+	name     string                        // SchemaBmdb, or the Application's Name
+	fsys     fs.FS                         // nil: the Migrator does not have the files (an application known only by its table)
+	table    string                        // golang-migrate's version table
+	versions []uint                        // the versions of fsys's up files, in order
+	latest   uint                          // the newest of versions (0: no files)
+	files    map[uint]map[Direction]string // the file of each version and direction
 }
 
 // bmdbSource returns bmdb's own migrations.
@@ -67,7 +65,29 @@ func newSource(name string, fsys fs.FS, table string) (*source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", describe(name), err)
 	}
-	return &source{name: name, fsys: fsys, table: table, versions: versions, latest: versions[len(versions)-1]}, nil
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", describe(name), err)
+	}
+	files := map[uint]map[Direction]string{}
+	for _, e := range entries {
+		if m, err := gosource.DefaultParse(e.Name()); err == nil {
+			if files[m.Version] == nil {
+				files[m.Version] = map[Direction]string{}
+			}
+			files[m.Version][Direction(m.Direction)] = e.Name()
+		}
+	}
+	return &source{name: name, fsys: fsys, table: table, versions: versions, latest: versions[len(versions)-1], files: files}, nil
+}
+
+// fileName names src's file of version in direction d, or says there is
+// none.
+func (src *source) fileName(version uint, d Direction) string {
+	if name := src.files[version][d]; name != "" {
+		return name
+	}
+	return fmt.Sprintf("version %d's %s file", version, d)
 }
 
 // tableOnly returns the source of an application this Migrator has no
@@ -233,17 +253,18 @@ type target struct {
 // onOpen brings every source in srcs to its version (apply), or checks
 // that it is usable as it is; db is a pool on t, used for the lock-free
 // reads, and info names the caller in the lease. It migrates on mp if not
-// nil, else on a migration pool of its own.
-func onOpen(ctx context.Context, db *sql.DB, mp *migrationPool, t target, info string, apply bool, srcs []*source) error {
+// nil, else on a migration pool of its own, and returns what it ran.
+func onOpen(ctx context.Context, db *sql.DB, mp *migrationPool, t target, info string, apply bool, srcs []*source) (*Result, error) {
+	res := &Result{}
 	var behind []*source
 	for _, src := range srcs {
 		v, err := readVersion(ctx, db, src)
 		if err != nil {
-			return err
+			return res, err
 		}
 		ok, err := acceptWithoutMigrating(ctx, db, src, v, apply)
 		if err != nil {
-			return err
+			return res, err
 		}
 		if !ok {
 			behind = append(behind, src)
@@ -253,26 +274,30 @@ func onOpen(ctx context.Context, db *sql.DB, mp *migrationPool, t target, info s
 	if apply && t.cockroach {
 		var err error
 		if stepPending, err = cockroachStepPending(ctx, db); err != nil {
-			return err
+			return res, err
 		}
 	}
 	if len(behind) == 0 && !stepPending {
-		return nil
+		return res, nil
 	}
 	migrate := func(mp *migrationPool) error {
 		return mp.locked(ctx, info, func() error {
 			for _, src := range behind {
-				if err := mp.up(ctx, src); err != nil {
+				ran, err := mp.up(ctx, src)
+				res.Migrations = append(res.Migrations, ran...)
+				if err != nil {
 					return err
 				}
 			}
-			return mp.applySteps(ctx)
+			steps, err := mp.applySteps(ctx)
+			res.CockroachSteps = steps
+			return err
 		})
 	}
 	if mp != nil {
-		return migrate(mp)
+		return res, migrate(mp)
 	}
-	return withMigrationPool(ctx, t, migrate)
+	return res, withMigrationPool(ctx, t, migrate)
 }
 
 // migrationPool is a pool for migrating: its connections have no lock or
@@ -331,11 +356,11 @@ func (noFiles) ReadDir(name string) ([]fs.DirEntry, error) {
 	return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrNotExist}
 }
 
-// migrator returns golang-migrate over src on mp. Close it when done. On
-// CockroachDB it uses golang-migrate's cockroachdb driver over a pool of
-// its own (which that driver closes), after clearing a lock row left
-// behind; on PostgreSQL its postgres driver over one connection.
-func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.Migrate, error) {
+// migrator returns golang-migrate over src on a connection of mp's pool
+// (migrationDriver). Close it when done, before the pool is used again:
+// that closes the connection. Of a schema the Migrator has no files of
+// it can only force a version.
+func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.Migrate, *migrationDriver, error) {
 	fsys := src.fsys
 	switch {
 	case fsys == nil:
@@ -345,45 +370,25 @@ func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.
 	}
 	files, err := iofs.New(fsys, ".")
 	if err != nil {
-		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", src.describe(), err)
+		return nil, nil, fmt.Errorf("migrations: reading the migrations of %s: %w", src.describe(), err)
 	}
-	var drv database.Driver
-	if mp.cockroach {
-		if err := clearCockroachDriverLock(ctx, mp.db); err != nil {
-			files.Close()
-			return nil, err
-		}
-		own := sql.OpenDB(mp.conn)
-		drv, err = cockroachdb.WithInstance(own, &cockroachdb.Config{MigrationsTable: src.table})
-		if err != nil {
-			own.Close()
-		}
-	} else {
-		var conn *sql.Conn
-		conn, err = mp.db.Conn(ctx)
-		if err == nil {
-			drv, err = postgres.WithConnection(ctx, conn, &postgres.Config{MigrationsTable: src.table})
-			if err != nil {
-				conn.Close()
-			}
-		}
-	}
+	drv, err := openDriver(ctx, mp.db, src, mp.cockroach)
 	if err != nil {
 		files.Close()
-		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
+		return nil, nil, dbconn.RedactError(err, mp.dsn)
 	}
 	m, err := gomigrate.NewWithInstance("iofs", files, mp.engineName(), drv)
 	if err != nil {
 		drv.Close()
 		files.Close()
-		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), err)
+		return nil, nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), err)
 	}
 	m.Log = migrateLogger{}
 	// golang-migrate reads the files ahead into a channel of this size
 	// and, if a migration fails, leaves its reader blocked on a full one:
 	// room for every file lets it finish.
 	m.PrefetchMigrations = max(m.PrefetchMigrations, uint(len(src.versions))+1)
-	return m, nil
+	return m, drv, nil
 }
 
 // engineName names mp's engine for golang-migrate.
@@ -404,46 +409,48 @@ func closeMigrator(m *gomigrate.Migrate) {
 
 // run runs step (Up, Steps, ...) on src's migrator, stopping between
 // migrations when ctx ends (a migration cut short by ctx is left dirty by
-// golang-migrate).
-func (mp *migrationPool) run(ctx context.Context, src *source, step func(*gomigrate.Migrate) error) error {
-	m, err := mp.migrator(ctx, src)
+// golang-migrate), and returns the migrations that ran. The migrator's
+// connection is closed before anything else reads the pool.
+func (mp *migrationPool) run(ctx context.Context, src *source, step func(*gomigrate.Migrate) error) ([]Migration, error) {
+	m, drv, err := mp.migrator(ctx, src)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closeMigrator(m)
 	stop := context.AfterFunc(ctx, func() {
 		select {
 		case m.GracefulStop <- true:
 		default:
 		}
 	})
-	defer stop()
 	err = step(m)
+	stop()
+	closeMigrator(m)
+	ran := drv.done
 	if err == nil || errors.Is(err, gomigrate.ErrNoChange) {
-		return nil
+		return ran, nil
 	}
 	var dirty gomigrate.ErrDirty
 	if errors.As(err, &dirty) {
-		return dirtyError(ctx, mp.db, src, recorded{version: uint(dirty.Version), dirty: true})
+		return ran, dirtyError(ctx, mp.db, src, recorded{version: uint(dirty.Version), dirty: true})
 	}
-	return fmt.Errorf("migrations: migrating %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
+	return ran, fmt.Errorf("migrations: migrating %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
 }
 
 // up migrates src to its newest version, under the lease: it reads the
 // version again, recovers or refuses a dirty one, refuses a too new one,
 // and applies what is missing.
-func (mp *migrationPool) up(ctx context.Context, src *source) error {
+func (mp *migrationPool) up(ctx context.Context, src *source) ([]Migration, error) {
 	v, err := readVersion(ctx, mp.db, src)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case v.dirty:
 		return mp.recoverDirty(ctx, src, v)
 	case v.version > src.latest:
-		return checkNewerSchema(ctx, mp.db, src, v.version)
+		return nil, checkNewerSchema(ctx, mp.db, src, v.version)
 	case v.version == src.latest:
-		return nil
+		return nil, nil
 	}
 	klog.Infof("migrations: migrating %s from version %d to %d", src.describe(), v.version, src.latest)
 	return mp.run(ctx, src, (*gomigrate.Migrate).Up)

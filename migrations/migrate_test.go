@@ -177,3 +177,52 @@ func TestIdempotentTypes(t *testing.T) {
 		t.Errorf("idempotentTypes rewrote a comment or an idempotent statement: %q", got)
 	}
 }
+
+// An application's migration that adds a column and a partial index on
+// it, as bmdb's 000015 does, applies on every CockroachDB version, and
+// reverts: its statements run one by one there. (Before, the file was one
+// transaction on 23.2/24.x and on 25.x with autocommit_before_ddl off,
+// refused with 0A000, and left dirty for good.)
+func TestCockroachApplicationPartialIndex(t *testing.T) {
+	t.Parallel()
+	testdb.SkipOnCockroach(t, "emulates each version")
+	off := false
+	app := &Application{Name: "racks", Migrations: fstest.MapFS{
+		"000001_racks.up.sql":   {Data: []byte("CREATE TABLE IF NOT EXISTS racks (id INT8 PRIMARY KEY, name TEXT NOT NULL);\n")},
+		"000001_racks.down.sql": {Data: []byte("DROP TABLE IF EXISTS racks;\n")},
+		"000002_retired.up.sql": {Data: []byte("-- bmdb:rerunnable\nALTER TABLE racks ADD COLUMN IF NOT EXISTS retired_at TIMESTAMPTZ;\n" +
+			"CREATE UNIQUE INDEX IF NOT EXISTS racks_live_name_idx ON racks (name) WHERE retired_at IS NULL;\n")},
+		"000002_retired.down.sql": {Data: []byte("DROP INDEX IF EXISTS racks_live_name_idx;\nALTER TABLE racks DROP COLUMN IF EXISTS retired_at;\n")},
+	}}
+	for _, mode := range []struct {
+		name string
+		s    crdbmode.Settings
+	}{
+		{"23.2", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}},
+		{"24.1", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 24, Minor: 1}}},
+		{"25.2, autocommit_before_ddl off", crdbmode.Settings{Enabled: true, AutocommitBeforeDDL: &off}},
+		{"25.2", crdbmode.Settings{Enabled: true}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dsn := testdb.New(t)
+			m := migrator(t, dsn, app, mode.s)
+			if err := m.Up(ctx); err != nil {
+				t.Fatalf("Up: %v", err)
+			}
+			if v := version(t, m, "racks"); v.Dirty || v.Database != 2 || !exists(t, dsn, "racks_live_name_idx") {
+				t.Fatalf("after Up: %+v, index %v", v, exists(t, dsn, "racks_live_name_idx"))
+			}
+			if err := m.Down(ctx, "racks", 1); err != nil {
+				t.Fatalf("Down: %v", err)
+			}
+			if err := m.Up(ctx); err != nil {
+				t.Fatalf("Up after Down: %v", err)
+			}
+			if v := version(t, m, "racks"); v.Dirty || v.Database != 2 || !exists(t, dsn, "racks_live_name_idx") {
+				t.Fatalf("after Down and Up: %+v", v)
+			}
+		})
+	}
+}

@@ -133,7 +133,8 @@ func init() {
 		mg := m.(*Migrator)
 		t := mg.target()
 		t.wrap, t.cockroach = o.Wrap, o.Cockroach
-		return onOpen(ctx, o.DB, nil, t, mg.holderInfo, o.Apply, mg.srcs)
+		_, err := onOpen(ctx, o.DB, nil, t, mg.holderInfo, o.Apply, mg.srcs)
+		return err
 	}
 }
 
@@ -172,7 +173,8 @@ func (m *Migrator) Up(ctx context.Context) error {
 	return m.withPool(ctx, func(mp *migrationPool) error {
 		t := m.target()
 		t.cockroach = mp.cockroach
-		return onOpen(ctx, mp.db, mp, t, m.holderInfo, true, m.srcs)
+		_, err := onOpen(ctx, mp.db, mp, t, m.holderInfo, true, m.srcs)
+		return err
 	})
 }
 
@@ -186,7 +188,8 @@ func (m *Migrator) Up(ctx context.Context) error {
 // schema that is not.
 func (m *Migrator) Check(ctx context.Context) error {
 	return m.withPool(ctx, func(mp *migrationPool) error {
-		return onOpen(ctx, mp.db, mp, m.target(), m.holderInfo, false, m.srcs)
+		_, err := onOpen(ctx, mp.db, mp, m.target(), m.holderInfo, false, m.srcs)
+		return err
 	})
 }
 
@@ -242,7 +245,8 @@ func (m *Migrator) Down(ctx context.Context, schema string, steps int) error {
 				return invalidArgument("Down: steps is %d, but %s (table %s) has %d migrations applied, up to version %d", steps, src.describe(), src.table, applied, v.version)
 			}
 			klog.Infof("migrations: reverting %d migrations of %s from version %d", steps, src.describe(), v.version)
-			return mp.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Steps(-steps) })
+			_, err = mp.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Steps(-steps) })
+			return err
 		})
 	})
 }
@@ -362,7 +366,8 @@ func (m *Migrator) Force(ctx context.Context, schema string, version uint) (Sche
 				return err
 			}
 			klog.Warningf("migrations: forcing %s (table %s) from version %d (dirty %v) to version %d", src.describe(), src.table, v.version, v.dirty, version)
-			return mp.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Force(forceVersion(version)) })
+			_, err = mp.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Force(forceVersion(version)) })
+			return err
 		})
 	})
 	return before, err
