@@ -3,10 +3,12 @@ package bmdb
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
@@ -35,14 +37,31 @@ func tables(t *testing.T, db *sql.DB) int {
 	return n
 }
 
-// schemaVersion returns the version of schema in the database at dsn.
-func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
+// migrator returns a Migrator of the database at dsn in cockroach mode s,
+// on a pool of its own, closed at cleanup.
+func migrator(t *testing.T, dsn string, s crdbmode.Settings) *migrations.Migrator {
 	t.Helper()
-	m, err := migrations.New(dsn, nil)
+	var wrap func(driver.Connector) driver.Connector
+	if s.Enabled {
+		wrap = testdb.EmulatorWith(s).Wrap
+	}
+	connector, err := newConnector(dsn, 10*time.Second, connSettings{}, wrap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	versions, err := m.Versions(context.Background())
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { db.Close() })
+	m, err := migrations.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// schemaVersion returns the version of schema in the database at dsn.
+func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
+	t.Helper()
+	versions, err := migrator(t, dsn, crdbmode.Settings{}).Versions(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,15 +78,12 @@ func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
 func migrateBmdbTo(t *testing.T, dsn string, version uint) {
 	t.Helper()
 	ctx := context.Background()
-	m, err := migrations.New(dsn, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Up(ctx); err != nil {
+	m := migrator(t, dsn, crdbmode.Settings{})
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	latest := schemaVersion(t, dsn, migrations.SchemaBmdb).Binary
-	if err := m.Down(ctx, migrations.SchemaBmdb, int(latest-version)); err != nil {
+	if _, err := m.Down(ctx, migrations.SchemaBmdb, int(latest-version)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -346,12 +362,8 @@ func relationExists(t *testing.T, dsn, name string) bool {
 // downTo reverts bmdb's schema at dsn to version in cockroach mode s.
 func downTo(t *testing.T, dsn string, s crdbmode.Settings, version uint) {
 	t.Helper()
-	m, err := migrations.New(dsn, &migrations.Config{WrapConnector: testdb.EmulatorWith(s).Wrap})
-	if err != nil {
-		t.Fatal(err)
-	}
 	latest := schemaVersion(t, dsn, migrations.SchemaBmdb).Database
-	if err := m.Down(context.Background(), migrations.SchemaBmdb, int(latest-version)); err != nil {
+	if _, err := migrator(t, dsn, s).Down(context.Background(), migrations.SchemaBmdb, int(latest-version)); err != nil {
 		t.Fatalf("reverting to %d: %v", version, err)
 	}
 }

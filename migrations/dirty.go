@@ -37,21 +37,21 @@ const rerunnableMarker = "-- bmdb:rerunnable"
 // if v's up file is marked rerunnableMarker it forces the previous version
 // and runs the file again, then the rest; otherwise it refuses, saying
 // what to repair.
-func (mp *migrationPool) recoverDirty(ctx context.Context, src *source, v recorded) ([]Migration, error) {
+func (t *target) recoverDirty(ctx context.Context, src *source, v recorded) ([]Migration, error) {
 	if src.fsys == nil || v.version > src.latest || !src.has(v.version) {
-		return nil, dirtyError(ctx, mp.db, src, v)
+		return nil, dirtyError(ctx, t.db, src, v)
 	}
 	rerunnable, name, err := readRerunnable(src, v.version)
 	if err != nil {
 		return nil, err
 	}
 	if !rerunnable {
-		return nil, dirtyError(ctx, mp.db, src, v)
+		return nil, dirtyError(ctx, t.db, src, v)
 	}
 	prev := src.previous(v.version)
 	klog.Warningf("migrations: %s (table %s) is dirty at version %d (its migration did not finish); %s is safe to run again: forcing version %d and migrating up",
 		src.describe(), src.table, v.version, name, prev)
-	return mp.run(ctx, src, func(m *gomigrate.Migrate) error {
+	return t.run(ctx, src, func(m *gomigrate.Migrate) error {
 		if err := m.Force(forceVersion(prev)); err != nil {
 			return err
 		}

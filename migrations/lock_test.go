@@ -28,11 +28,17 @@ func TestMain(m *testing.M) {
 		os.Exit(runMigratorChild(dsn))
 	}
 	os.Exit(testdb.Run(m, func(ctx context.Context, dsn string) error {
-		m, err := New(dsn, &Config{HolderInfo: "testdb"})
+		db, err := sql.Open("postgres", dsn)
 		if err != nil {
 			return err
 		}
-		return m.Up(ctx)
+		defer db.Close()
+		m, err := New(db, &Config{HolderInfo: "testdb"})
+		if err != nil {
+			return err
+		}
+		_, err = m.Up(ctx)
+		return err
 	}))
 }
 
@@ -96,7 +102,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up after a migrator died holding the lock: %v", err)
 	}
 	took := time.Since(start)
@@ -104,7 +110,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	// empty database of its own, with no lock to wait for.
 	fresh := migrator(t, testdb.NewEmpty(t), nil, crdbmode.Settings{Enabled: true})
 	start = time.Now()
-	if err := fresh.Up(ctx); err != nil {
+	if _, err := fresh.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	migrating := time.Since(start)
