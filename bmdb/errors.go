@@ -10,6 +10,8 @@ import (
 	"syscall"
 
 	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // Sentinel errors. Every error bmdb returns that callers may want to act on
@@ -18,8 +20,10 @@ import (
 var (
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty
 	// or over-long name, a non-positive interval, a nil callback, a malformed
-	// DSN. The message names the offending argument or Config field.
-	ErrInvalidArgument = errors.New("bmdb: invalid argument")
+	// DSN. The message names the offending argument or Config field. It is
+	// migrations.ErrInvalidArgument, one value under two names: an Open
+	// refused by package migrations matches either.
+	ErrInvalidArgument = migrations.ErrInvalidArgument
 
 	// ErrConnectionClosed is returned by methods of a Connection after Close.
 	ErrConnectionClosed = errors.New("bmdb: connection closed")

@@ -367,3 +367,36 @@ func downTo(t *testing.T, dsn string, s crdbmode.Settings, version uint) {
 		t.Fatalf("reverting to %d: %v", version, err)
 	}
 }
+
+// Config.MaxOpenConns 2 is enough for Open to migrate, on PostgreSQL's and
+// CockroachDB's paths, within a deadline; 1 is refused at once with
+// ErrInvalidArgument when there is something to migrate (the migration
+// lease could not be renewed while the migration held the only
+// connection), and is fine for a current schema.
+func TestOpenMigratesOnSmallPool(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []crdbmode.Settings{{}, {Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}} {
+		dsn := testdb.NewEmpty(t)
+		open := func(maxConns int) error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := Config{DSN: dsn, ComponentName: "small", MaxOpenConns: maxConns}
+			withMode(mode)(&cfg)
+			c, err := Open(ctx, cfg)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
+		start := time.Now()
+		if err := open(1); !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, migrations.ErrInvalidArgument) || !strings.Contains(err.Error(), "limited to 1 open connection") {
+			t.Errorf("cockroach mode %v: Open with MaxOpenConns 1 on an empty database = %v after %v, want ErrInvalidArgument", mode.Enabled, err, time.Since(start))
+		}
+		if err := open(2); err != nil {
+			t.Errorf("cockroach mode %v: Open with MaxOpenConns 2 on an empty database: %v", mode.Enabled, err)
+		}
+		if err := open(1); err != nil {
+			t.Errorf("cockroach mode %v: Open with MaxOpenConns 1 on a current schema: %v", mode.Enabled, err)
+		}
+	}
+}
