@@ -33,16 +33,8 @@ import (
 //     the file or none of it;
 //   - CockroachDB runs each statement of a file in an Exec of its own,
 //     each its own implicit transaction, with autocommit_before_ddl on
-//     where the version has it (24.1 and later). A whole file in one Exec
-//     is one transaction on 23.2 and 24.x (and on 25.x with
-//     autocommit_before_ddl off), which refuses schema changes that build
-//     on an earlier one of the same transaction: a partial index on a
-//     column added before it (cockroach#83593, 0A000, as bmdb's 000015
-//     does), a constraint dropped and added back under its name
-//     (cockroach#55184, 42710, as 000014 does). An application's files
-//     run the same way. So a file stopped between two statements has
-//     those before it applied: every file of bmdb's is safe to run again
-//     (the bmdb:rerunnable marker, dirty.go);
+//     where the version has it (24.1 and later), an application's file as
+//     bmdb's: why, in the package documentation ("How a file runs");
 //   - no lock of golang-migrate's: the migration lease (lock.go) is held
 //     around every run;
 //   - it records what ran, for Up's and Down's Result.

@@ -7,17 +7,17 @@
 //
 // With it, a Connection opened on PostgreSQL behaves as on CockroachDB:
 // transactions retry through crdb.ExecuteInTx (savepoint restarts, each
-// with a new snapshot), Open migrates with golang-migrate's cockroachdb
-// driver, sessions keep the clock margin, and the errors CockroachDB
+// with a new snapshot), Open migrates one statement at a time, sessions
+// keep the clock margin, and the errors CockroachDB
 // produces are injected: 40001 on statements of a transaction and at
 // RELEASE SAVEPOINT, an ambiguous commit point (40003 or a lost
 // connection, committed or not), a failed read refresh of a transaction
 // older than the closed timestamp, session checks that wait for a writer
 // of their row, plain reads that wait for exclusive locks, a
-// transaction's own idle timeout that changes nothing, and migration files
-// run as the emulated version runs them (one transaction that refuses
-// what CockroachDB refuses in one, or one commit per statement with
-// autocommit_before_ddl on).
+// transaction's own idle timeout that changes nothing, and migration
+// scripts run as the emulated version runs them (one transaction that
+// refuses what CockroachDB refuses in one, or one commit per statement
+// with autocommit_before_ddl on: ddl.go).
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
