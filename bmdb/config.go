@@ -177,7 +177,10 @@ type Config struct {
 	// Pool and connections.
 
 	// MaxOpenConns bounds the connection pool (database/sql's
-	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
+	// SetMaxOpenConns). Must not be negative; Open migrates only with 0 or
+	// at least 2 (see migrations.Migrator), and refuses 1 with
+	// ErrInvalidArgument when there is something to migrate. Defaults to
+	// 0, no limit.
 	MaxOpenConns int
 
 	// MaxIdleConns is the number of idle pooled connections kept (database/sql's
@@ -210,8 +213,8 @@ type Config struct {
 	StatementCacheSize int
 
 	// WrapConnector, if not nil, wraps lib/pq's driver.Connector, under
-	// bmdb's driver wrapper, for each pool bmdb opens: the Connection's,
-	// and Open's migrations'. For tests that stand in for another server
+	// bmdb's driver wrapper, for the Connection's pool (Open's migrations
+	// run on it too). For tests that stand in for another server
 	// or inject its faults (cockroach mode is such a wrapper), or for
 	// instrumentation. The connector it returns must return lib/pq's
 	// connections, or forward every call to them (bmdb's wrapper above it

@@ -12,7 +12,6 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/counters"
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/lease"
-	"github.com/bmdb-dev/bmdb/internal/migrationhook"
 	"github.com/bmdb-dev/bmdb/internal/txn"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
@@ -140,14 +139,17 @@ func (c *Connection) setUp(ctx context.Context) error {
 	if c.engine == engineCockroach {
 		c.logClusterSettings(ctx)
 	}
-	// The schemas (package migrations), read on this pool, with the engine
-	// detected and this Connection's cockroach mode.
+	// The schemas (package migrations), on this Connection's pool.
 	info := c.cfg.ComponentName + " (" + c.cfg.RuntimeInfo + ")" // RuntimeInfo has its default
-	m, err := migrations.New(c.cfg.DSN, &migrations.Config{Application: c.cfg.Application, HolderInfo: truncateCause(info), NetworkTimeout: c.cfg.NetworkTimeout})
-	if err != nil {
-		return err
+	m, err := migrations.New(c.db, &migrations.Config{Application: c.cfg.Application, HolderInfo: truncateCause(info)})
+	switch {
+	case err != nil:
+	case c.cfg.SkipMigrations:
+		err = m.Check(ctx)
+	default:
+		_, err = m.Up(ctx)
 	}
-	return migrationhook.Open(ctx, m, migrationhook.Options{DB: c.db, Wrap: c.cfg.WrapConnector, Cockroach: c.engine == engineCockroach, Apply: !c.cfg.SkipMigrations})
+	return redactError(err, c.cfg.DSN)
 }
 
 // Cluster settings bmdb's reasoning on CockroachDB depends on, which it

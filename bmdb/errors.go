@@ -10,6 +10,7 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/claims"
 	"github.com/bmdb-dev/bmdb/internal/lease"
 	"github.com/bmdb-dev/bmdb/internal/txn"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // Sentinel errors. Every error bmdb returns that callers may want to act on
@@ -20,8 +21,10 @@ import (
 var (
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty
 	// or over-long name, a non-positive interval, a nil callback, a malformed
-	// DSN. The message names the offending argument or Config field.
-	ErrInvalidArgument = errors.New("bmdb: invalid argument")
+	// DSN. The message names the offending argument or Config field. It is
+	// migrations.ErrInvalidArgument, one value under two names: an Open
+	// refused by package migrations matches either.
+	ErrInvalidArgument = migrations.ErrInvalidArgument
 
 	// ErrConnectionClosed is returned by methods of a Connection after Close.
 	ErrConnectionClosed = txn.ErrConnectionClosed

@@ -309,10 +309,13 @@ func packageConsts(files []*ast.File) map[string]bool {
 // every query on and runs the statements of migration files, a probe of
 // a session row by its parsed UUID and BEGIN with constant options, and
 // its lock at fetch (locking.go) the lock models it derives from bmdb's
-// own statements' text, with their parameters.
+// own statements' text, with their parameters (and its ddl.go the
+// statements of migration scripts, execScript, and the constant catalog
+// queries it is handed, queryInt); package migrations' driver.go runs
+// the statements of migration files (Run).
 var forwarders = map[string]bool{
 	"netconn.go:*": true, "stmtcache.go:*": true, "tx.go:*": true, "attempt.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
-	"procs.go:waitUntil": true, "locking.go:lockAtFetch": true,
+	"procs.go:waitUntil": true, "locking.go:lockAtFetch": true, "ddl.go:execScript": true, "ddl.go:queryInt": true, "driver.go:Run": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query

@@ -24,14 +24,14 @@ func TestControlDeleteMigrationReruns(t *testing.T) {
 		if _, err := db.Exec("INSERT INTO process_control_history (process, action, actor) VALUES ('burn-in', 'pause', 'alice')"); err != nil {
 			t.Fatal(err)
 		}
-		if err := migrator(t, dsn, nil, cockroach(stop)).Up(ctx); err == nil || !strings.Contains(err.Error(), "injected") {
+		if _, err := migrator(t, dsn, nil, cockroach(stop)).Up(ctx); err == nil || !strings.Contains(err.Error(), "injected") {
 			t.Fatalf("stop after %d: Up = %v, want the injected failure", stop, err)
 		}
 		m := migrator(t, dsn, nil, cockroach(0))
 		if v := version(t, m, SchemaBmdb); v.Database != 16 || !v.Dirty {
 			t.Fatalf("stop after %d: version %+v, want 16, dirty", stop, v)
 		}
-		if err := m.Up(ctx); err != nil {
+		if _, err := m.Up(ctx); err != nil {
 			t.Fatalf("stop after %d: Up again: %v", stop, err)
 		}
 		if _, err := db.Exec("INSERT INTO process_control_history (process, action, actor) VALUES ('burn-in', 'delete', 'alice')"); err != nil {

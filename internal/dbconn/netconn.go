@@ -64,11 +64,7 @@ type Connector struct {
 	dialer   *dialer
 	timeout  time.Duration // bounds connecting when ctx has no deadline
 	settings Settings
-	// base, if not nil, bounds every call of the pool: when it ends, every
-	// connection is cut (a migration pool, bounded by Open's ctx, whose
-	// driver uses context.Background()).
-	base context.Context
-	pins pinState
+	pins     pinState
 }
 
 // NewConnector parses dsn for a pool whose connections are bounded as
@@ -90,12 +86,6 @@ func NewConnector(dsn string, networkTimeout time.Duration, settings Settings, w
 	return &Connector{pq: inner, dialer: d, timeout: networkTimeout, settings: settings}, nil
 }
 
-// Bound makes every call of c's pool end when ctx ends, whatever context
-// the call was given: a migration pool, whose driver uses
-// context.Background(), bounded by the ctx of Open. Call it before the
-// pool is opened.
-func (c *Connector) Bound(ctx context.Context) { c.base = ctx }
-
 // Driver implements driver.Connector.
 func (c *Connector) Driver() driver.Driver { return c.pq.Driver() }
 
@@ -112,19 +102,12 @@ type dialSlotKey struct{}
 // Connect implements driver.Connector: it dials, runs lib/pq's start-up
 // handshake and applies the settings, all bounded by ctx (or by the
 // connector's timeout when ctx has no deadline, as for database/sql's
-// background openers) and by the pool's base context.
+// background openers).
 func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
-	}
-	if c.base != nil {
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		stop := context.AfterFunc(c.base, func() { cancel(context.Cause(c.base)) })
-		defer stop()
 	}
 	slot := &dialSlot{ctx: ctx}
 	defer func() {
@@ -149,9 +132,6 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err := c.apply(ctx, pc); err != nil {
 		cn.Close()
 		return nil, ContextError(ctx, cut(cn.nc, err))
-	}
-	if c.base != nil {
-		cn.unbase = cn.nc.watch(c.base)
 	}
 	return cn, nil
 }
@@ -351,11 +331,10 @@ type PQConn interface {
 // conn wraps lib/pq's connection: each call is bounded by its context
 // through nc.
 type conn struct {
-	pq     PQConn
-	nc     *netConn
-	unbase func() bool // stops the pool's base watch; nil if none
-	cache  *stmtCache  // nil: statements with parameters are not kept prepared
-	own    *stmtCache  // bmdb's own statements (Own), prepared from their first use
+	pq    PQConn
+	nc    *netConn
+	cache *stmtCache // nil: statements with parameters are not kept prepared
+	own   *stmtCache // bmdb's own statements (Own), prepared from their first use
 
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
@@ -399,9 +378,6 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 // Close implements driver.Conn. A connection that is not cut gets a
 // second to say goodbye; a cut one closes at once.
 func (c *conn) Close() error {
-	if c.unbase != nil {
-		c.unbase()
-	}
 	_ = c.nc.SetDeadline(time.Now().Add(time.Second))
 	return c.pq.Close()
 }
