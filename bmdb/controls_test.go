@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // Fleet controls (issue 26): pauses and caps, enforced by the claim
@@ -177,13 +179,25 @@ func TestPauseIsExactUnderRacingClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	paused.Store(true)
+	var returnedAt time.Time
+	if err := e.db.QueryRow("SELECT clock_timestamp()").Scan(&returnedAt); err != nil {
+		t.Fatal(err)
+	}
 	<-racing
 	var pausedAt time.Time
 	if err := e.db.QueryRow("SELECT changed_at FROM process_controls WHERE process = 'install'").Scan(&pausedAt); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count("SELECT count(*) FROM work_history WHERE process = 'install' AND event = 'Started' AND at >= $1", pausedAt); n != 0 {
-		t.Errorf("%d claims started at or after the pause", n)
+	// On PostgreSQL a claim waits for the pause (FOR SHARE) and is dated
+	// before its change; on CockroachDB a claim that read the controls
+	// before the change is serialized before it and may be dated after it,
+	// but not after PauseProcess returned (it waits such claims out).
+	exactFrom, what := pausedAt, "the pause's change"
+	if testdb.Cockroach() || testdb.CockroachMode() {
+		exactFrom, what = returnedAt, "PauseProcess returned"
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE process = 'install' AND event = 'Started' AND at >= $1", exactFrom); n != 0 {
+		t.Errorf("%d claims started at or after %s", n, what)
 	}
 	if n := e.count("SELECT count(*) FROM work"); n != 0 {
 		t.Errorf("%d claims left: every held claim should have finished", n)
