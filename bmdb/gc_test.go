@@ -137,19 +137,6 @@ func explainAnalyze(t *testing.T, e *env, query string, args ...any) string {
 	return b.String()
 }
 
-// sessionRow inserts a session row whose deadline is now() + offset on the
-// database clock.
-func (e *env) sessionRow(offset time.Duration) uuid.UUID {
-	e.t.Helper()
-	var id uuid.UUID
-	err := e.db.QueryRow(`INSERT INTO sessions (component_name, runtime_info, interval_seconds, deadline)
-		VALUES ('row', '', 1, now() + $1 * INTERVAL '1 second') RETURNING session_id`, offset.Seconds()).Scan(&id)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return id
-}
-
 // A periodic GC pass has a budget (the time to the next heartbeat, at
 // most interval/4), and on a slow server it may not list and delete every
 // expired session within it: each batch it deletes commits on its own, so

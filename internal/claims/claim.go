@@ -259,7 +259,7 @@ func (p *claimPass) diagnose(ctx context.Context, tx *txn.Tx) error {
 			return fmt.Errorf("%w: claim rows made", txn.ErrRerun)
 		}
 		err := whyNothing(ctx, tx, process, rest)
-		if err != nil && !isOutcome(err) {
+		if !isOutcome(err) {
 			return err
 		}
 		if errors.Is(err, ErrNothingToDo) && len(rest) < len(p.candidates[i]) {
