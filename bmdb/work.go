@@ -153,27 +153,77 @@ func (s *Session) WorkMany(ctx context.Context, process string, limit int, retri
 // not be nil, unless opts hold CommitShared, which commits the result with
 // a SharedCommit instead (commit must then be nil).
 func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error, opts ...FinishOption) error {
+	e, err := finishCall(commit, opts)
+	if err != nil {
+		return err
+	}
+	return w.end(ctx, e)
+}
+
+// finishCall is the end call of a Finish with commit and opts, or why they
+// are invalid.
+func finishCall(commit func(tx *Tx) error, opts []FinishOption) (*claims.EndCall, error) {
 	e := &claims.EndCall{Event: store.WorkHistoryEventFinished}
 	var shared *SharedCommit
 	switch {
 	case len(opts) > 1:
-		return invalidArgument("Finish: %d options; it takes one CommitShared at most", len(opts))
+		return nil, invalidArgument("Finish: %d options; it takes one CommitShared at most", len(opts))
 	case len(opts) == 1 && opts[0].shared == nil:
-		return invalidArgument("Finish: CommitShared of a nil SharedCommit (make one with NewSharedCommit)")
+		return nil, invalidArgument("Finish: CommitShared of a nil SharedCommit (make one with NewSharedCommit)")
 	case len(opts) == 1:
 		shared = opts[0].shared
 	}
 	switch {
 	case shared == nil && commit == nil:
-		return invalidArgument("Finish: commit is nil")
+		return nil, invalidArgument("Finish: commit is nil")
 	case shared != nil && commit != nil:
-		return invalidArgument("Finish: both a commit and CommitShared")
+		return nil, invalidArgument("Finish: both a commit and CommitShared")
 	case shared != nil:
 		e.Shared = shared.shared
 	default:
 		e.Commit = func(tx *txn.Tx) error { return commit(newTx(tx)) }
 	}
-	return w.end(ctx, e)
+	return e, nil
+}
+
+// FinishAndWork is Finish followed, in the same transaction, by Work for
+// the same process: it ends the Work successfully, committing commit's
+// result (or, with CommitShared, a SharedCommit's), and claims the next
+// machine among what retrieve returns, as Work does. A component that
+// processes machines one after another pays one transaction per machine
+// instead of two (worker.Loop does so for each handler). Used by hand,
+// Finish and Work keep their meaning; this is the one way to do both at
+// once.
+//
+// err is the Finish's outcome, as Finish returns it: nil only once the end
+// committed; an error leaves the Work as a failed Finish does, and claims
+// nothing. When err is nil, next is the Work claimed, or nil with claimErr
+// saying why none was (ErrNothingToDo, ErrProcessPaused, ErrCapReached,
+// ErrWorkConflict, ErrUnknownMachine, retrieve's error): the claim never
+// undoes the end. The claim part runs after the retrievals of the
+// transaction's claims and before its ends (see "Batches" in the package
+// doc), so retrieve sees the state before this Finish's commit: it must not
+// return the machine being finished as needing the process again. The
+// contracts of commit and retrieve are Finish's and Work's.
+func (w *Work) FinishAndWork(ctx context.Context, commit func(tx *Tx) error, retrieve func(tx *Tx) ([]uuid.UUID, error), opts ...FinishOption) (next *Work, claimErr, err error) {
+	if retrieve == nil {
+		return nil, nil, invalidArgument("FinishAndWork: retrieve is nil")
+	}
+	e, err := finishCall(commit, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &claims.ClaimCall{Limit: 1, Retrieve: func(tx *txn.Tx) ([]uuid.UUID, error) { return retrieve(newTx(tx)) }}
+	if err := w.endWith(ctx, e, c); err != nil {
+		return nil, nil, err
+	}
+	if c.Err != nil {
+		return nil, c.Err, nil
+	}
+	if len(c.Claims) == 0 {
+		return nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, w.process), nil
+	}
+	return &Work{s: w.s, process: w.process, claim: c.Claims[0]}, nil, nil
 }
 
 // Cancel ends the Work without a result and without backoff: it deletes the
@@ -206,14 +256,18 @@ func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 }
 
 // end runs one of Finish, Cancel and Fail, at most once successfully.
-func (w *Work) end(ctx context.Context, e *claims.EndCall) error {
+func (w *Work) end(ctx context.Context, e *claims.EndCall) error { return w.endWith(ctx, e, nil) }
+
+// endWith is end, with a claim c of the next machine in the same call (nil:
+// none).
+func (w *Work) endWith(ctx context.Context, e *claims.EndCall, c *claims.ClaimCall) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
 		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.claim.Machine, e.Event, ErrWorkDone)
 	}
 	e.Claim, e.Owner = w.claim, w
-	err := w.s.claims.Do(ctx, w.process, nil, e)
+	err := w.s.claims.Do(ctx, w.process, c, e)
 	if err == nil {
 		err = e.Err
 	}

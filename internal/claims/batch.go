@@ -46,7 +46,7 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 // unless the attempt's last statement checked the session.
 func (q *queue) attempt(ctx context.Context, tx *txn.Tx, claims, ends []*request) error {
 	for _, r := range append(claims, ends...) {
-		r.suspect, r.panicked = false, nil
+		r.suspect, r.claimFailed, r.panicked = false, false, nil
 	}
 	var cp *claimPass
 	if len(claims) > 0 {
@@ -71,6 +71,14 @@ func (q *queue) attempt(ctx context.Context, tx *txn.Tx, claims, ends []*request
 		return cp.claimFreed(ctx, tx, freed)
 	}
 	return nil
+}
+
+// giveUpClaim makes r, a call that also ends, run as an end alone: its
+// claim part gets err as its outcome. A failure of the claim (its
+// retrieve failed, retries ran out) never undoes the call's own end.
+func giveUpClaim(r *request, err error) {
+	r.claim.Claims, r.claim.Abandoned, r.claim.Err = nil, nil, err
+	r.claimDone = true
 }
 
 // batchBound is the context of a batch's transaction: bounded by the
@@ -131,27 +139,48 @@ func (bb *batchBound) stop() {
 //     session's, the batch's context, ambiguous): each gets it.
 //   - Callbacks failed or panicked: their calls are the suspects. One
 //     suspect gets the error; several (a Shared commit's) run again one by
-//     one. The other calls run again as a batch.
+//     one. The other calls run again as a batch. A call that also ends
+//     and whose retrieve failed gives up its claim and runs again as an
+//     end: its own end is not undone by its claim.
 //   - A statement failed for a reason any call may have caused (a
 //     constraint an application added, say): each runs again alone.
 //   - Claims and ends ran out of retries together: the claims fail, the
 //     ends run again as a batch of their own (ends free machines).
 func (q *queue) settle(ctx context.Context, reqs []*request, err error) {
+	if len(reqs) == 1 && err != nil && isolatable(ctx, err) {
+		if r := reqs[0]; r.suspect && r.claimFailed && r.end != nil {
+			giveUpClaim(r, err)
+			q.runBatch(reqs, false)
+			return
+		}
+	}
 	switch {
 	case err == nil || len(reqs) == 1:
 	case errors.Is(err, txn.ErrRetriesExhausted):
 		claims, ends := split(reqs)
 		if len(claims) > 0 && len(ends) > 0 {
-			q.reply(claims, err)
+			var claimsOnly []*request
+			for _, r := range claims {
+				if r.end != nil {
+					giveUpClaim(r, err)
+				} else {
+					claimsOnly = append(claimsOnly, r)
+				}
+			}
+			q.reply(claimsOnly, err)
 			q.runBatch(ends, false)
 			return
 		}
 	case isolatable(ctx, err):
 		var suspects, others []*request
 		for _, r := range reqs {
-			if r.suspect {
+			switch {
+			case r.suspect && r.claimFailed && r.end != nil:
+				giveUpClaim(r, err) // its end runs again, with the others
+				others = append(others, r)
+			case r.suspect:
 				suspects = append(suspects, r)
-			} else {
+			default:
 				others = append(others, r)
 			}
 		}
@@ -204,9 +233,9 @@ func (q *queue) reply(reqs []*request, err error) {
 func (q *queue) record(r *request) {
 	st := q.e.counters
 	if c := r.claim; c != nil {
-		err := r.err
-		if err == nil {
-			err = c.Err
+		err := c.Err
+		if r.err != nil {
+			err = r.err
 		}
 		p := st.Process(q.process)
 		p.Asked.Add(int64(c.Limit))
@@ -270,10 +299,10 @@ func callback(reqs []*request, fn func() error) (err error) {
 var errCallbackPanicked = errors.New("bmdb: callback panicked")
 
 // split returns the calls of reqs that claim and those that end (a call
-// that does both is in both).
+// that does both is in both, unless it gave up its claim).
 func split(reqs []*request) (claims, ends []*request) {
 	for _, r := range reqs {
-		if r.claim != nil {
+		if r.claim != nil && !r.claimDone {
 			claims = append(claims, r)
 		}
 		if r.end != nil {

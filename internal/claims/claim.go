@@ -71,6 +71,7 @@ func (p *claimPass) run(ctx context.Context, tx *txn.Tx) error {
 			return err
 		})
 		if err != nil {
+			r.claimFailed = true
 			return fmt.Errorf("bmdb: Work(%q): retrieve: %w", p.q.process, err)
 		}
 		p.candidates[i] = distinct(ids)
@@ -278,10 +279,11 @@ func isOutcome(err error) bool {
 }
 
 // claimFreed claims, for the calls that want more, those of their
-// candidates that the batch's ends freed: tried before the ends ran, they
-// were this session's own claims then. If the claims found the process at
-// its cap, the ends freed slots too: every candidate not claimed is tried
-// again.
+// candidates that the batch's ends freed (Canceled or Failed: not
+// Finished, whose result the retrievals, run before the ends, did not
+// see): tried before the ends ran, they were this session's own claims
+// then. If the claims found the process at its cap, the ends freed slots
+// too: every candidate not claimed is tried again.
 func (p *claimPass) claimFreed(ctx context.Context, tx *txn.Tx, freed []uuid.UUID) error {
 	if len(freed) == 0 {
 		return nil

@@ -26,7 +26,8 @@ import (
 // session, is the last of the attempt. A Finish whose claim the statement
 // finds gone has its callback's writes in the transaction: it is marked
 // lost for good and the attempt runs again (errLostFinish), without its
-// callback. It returns the machines whose claims it ended.
+// callback. It returns the machines whose claims it ended unfinished
+// (Canceled, Failed), which the batch's claims may take again.
 func (q *queue) endInTx(ctx context.Context, tx *txn.Tx, reqs []*request) (ended []uuid.UUID, _ error) {
 	kinds := map[store.WorkHistoryEvent][]*request{}
 	for _, r := range reqs {
@@ -50,7 +51,7 @@ func (q *queue) endInTx(ctx context.Context, tx *txn.Tx, reqs []*request) (ended
 		return nil, err
 	}
 	for _, r := range reqs {
-		if r.end.Err == nil {
+		if r.end.Err == nil && r.end.Event != store.WorkHistoryEventFinished {
 			ended = append(ended, r.end.Claim.Machine)
 		}
 	}
@@ -94,6 +95,11 @@ func (q *queue) finishClaims(ctx context.Context, tx *txn.Tx, reqs []*request) e
 		done[i] = row.ClaimID
 	}
 	if q.markLost(live, done) {
+		for _, r := range live {
+			if r.end.gone && r.claim != nil && !r.claimDone {
+				giveUpClaim(r, r.end.Err) // no next machine for a Finish that did not finish
+			}
+		}
 		return errLostFinish
 	}
 	return nil

@@ -14,10 +14,12 @@ type request struct {
 
 	// Written by the goroutine running the request's batch; read by the
 	// caller once done is closed.
-	suspect  bool  // one of its callbacks failed in the batch's last attempt
-	panicked any   // what one of its callbacks panicked with, if one did
-	err      error // the batch's error; the call's own outcome is in claim and end
-	done     chan struct{}
+	suspect     bool  // one of its callbacks failed in the batch's last attempt
+	claimFailed bool  // that callback was its retrieve
+	claimDone   bool  // a call that also ends gave up its claim (ClaimCall.Err says why): it runs as an end
+	panicked    any   // what one of its callbacks panicked with, if one did
+	err         error // the batch's error; the call's own outcome is in claim and end
+	done        chan struct{}
 
 	// promote is closed to make the caller run batches (queue.release);
 	// taken and promoted are guarded by queue.mu.
