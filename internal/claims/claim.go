@@ -21,6 +21,10 @@ import (
 // batch in a round; this file decides what each round is offered, and what
 // a call gets when it gets nothing.
 
+// loneOffer is how many candidates per machine it needs a call alone
+// offers a claim statement on PostgreSQL.
+const loneOffer = 16
+
 // claimPass is the claims' part of one attempt of a batch's transaction,
 // all for one process: the calls, their candidates, and how far each got.
 // Owned by the goroutine running the batch.
@@ -97,11 +101,12 @@ func (p *claimPass) run(ctx context.Context, tx *txn.Tx) error {
 // its untried candidates (among those may allows) that are free, up to
 // its limit. Each call offers the statement as many candidates as it
 // needs, and the next round the next ones, so that each gets its own; on
-// PostgreSQL a call alone offers all its candidates, of which the
-// statement claims the first free ones, in one round: PostgreSQL locks
-// only the rows it claims. On CockroachDB a locking read locks every row
-// its scan fetches (WorkClaimMany), so a statement is offered no more
-// candidates than it may claim, however many were retrieved. With
+// PostgreSQL a call alone offers loneOffer candidates per machine it
+// needs, of which the statement claims the first free ones: PostgreSQL
+// locks only the rows it claims, and a claim's cost grows with what it is
+// offered. On CockroachDB a locking read locks every row its scan fetches
+// (WorkClaimMany), so a statement is offered no more candidates than it
+// may claim, however many were retrieved. With
 // preferExpired, a statement that finds claims of expired sessions among
 // what it was offered claims nothing and ends the rounds (run takes those
 // over).
@@ -117,7 +122,7 @@ func (p *claimPass) rounds(ctx context.Context, tx *txn.Tx, may func(uuid.UUID) 
 			want += max(need, 0)
 			offer := need
 			if lone {
-				offer = len(p.candidates[i])
+				offer = need * loneOffer
 			}
 			for ; offer > 0 && need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
 				m := p.candidates[i][next[i]]
