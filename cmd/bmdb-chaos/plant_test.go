@@ -59,21 +59,31 @@ var plants = map[string]plant{
 	// idle timeout to the lease left, so a COMMIT held up in the network
 	// commits after the deadline. (A claim statement keeps its liveness
 	// test: it is the transaction's first check too.)
-	"skip-precommit-check": {rewrites: map[string]func(string) string{
+	"skip-precommit-check": {rewrites: claimStatements(map[string]func(string) string{
 		"SessionCheckBeforeCommit": func(q string) string { return skipIdle(skipLiveness(q)) },
 		"WorkFinishMany":           func(q string) string { return skipIdle(skipLiveness(q)) },
 		"WorkClaimMany":            skipIdle,
-	}},
+	})},
 	// (b) A claim that does not write its (machine, process) work_fencing
 	// row: it reads the token but stores neither it nor the claim.
-	"no-fencing-write": {rewrites: map[string]func(string) string{
-		"WorkClaimMany": replace(`(?s)fence AS \(\s*UPDATE work_fencing f SET .*?\s+FROM claim WHERE (.*?)\s+RETURNING f\.machine_id, f\.token\s*\)`,
-			"fence AS (SELECT f.machine_id, f.token + 1 AS token FROM work_fencing f JOIN claim ON $1)"),
-	}},
+	"no-fencing-write": {rewrites: claimStatements(map[string]func(string) string{
+		"WorkClaimMany": replace(`(?s)fence AS \(\s*UPDATE work_fencing f SET .*?\s+FROM claim WHERE (.*?)\s+RETURNING f\.machine_id, f\.token, f\.version\s*\)`,
+			"fence AS (SELECT f.machine_id, f.token + 1 AS token, f.version + 1 AS version FROM work_fencing f JOIN claim ON $1)"),
+	})},
 	// (c) Fencing tokens not incremented.
-	"no-token-increment": {rewrites: map[string]func(string) string{
+	"no-token-increment": {rewrites: claimStatements(map[string]func(string) string{
 		"WorkClaimMany": replace(`token = f\.token \+ 1`, "token = f.token"),
-	}},
+	})},
+}
+
+// claimStatements returns rewrites with WorkClaimMany's also applied to
+// WorkClaimManyArbitrated, the claim statement on CockroachDB (cockroach
+// mode's), whose text is WorkClaimMany's but for its slots.
+func claimStatements(rewrites map[string]func(string) string) map[string]func(string) string {
+	if fn := rewrites["WorkClaimMany"]; fn != nil {
+		rewrites["WorkClaimManyArbitrated"] = fn
+	}
+	return rewrites
 }
 
 var statementName = regexp.MustCompile(`^-- name: (\w+)`)

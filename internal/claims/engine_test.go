@@ -227,3 +227,64 @@ func TestWriteAfterTheClaimStatementGetsTheCheck(t *testing.T) {
 		t.Errorf("the batch's statements = %v, want %v: the check before COMMIT after the Cancel's write", names, want)
 	}
 }
+
+// However calls arrive, every runner's place is given back once: after
+// many concurrent calls, none runs and none waits. (A call handed a
+// place while another batch had taken it once gave the place back on
+// every wake-up until its reply.)
+func TestRunnersPlacesBalance(t *testing.T) {
+	e := newTestEngine(t, nil)
+	e.cfg.MaxConcurrentBatches = 2
+	ids := e.machines(t, 40)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() {
+			c := &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) { return ids[i : i+1], nil }}
+			if err := e.Do(context.Background(), "p", c, nil); err != nil || c.Err != nil {
+				t.Errorf("claim %d: %v, %v", i, err, c.Err)
+				return
+			}
+			end := &EndCall{Claim: c.Claims[0], Event: store.WorkHistoryEventCanceled}
+			if err := e.Do(context.Background(), "p", nil, end); err != nil || end.Err != nil {
+				t.Errorf("cancel %d: %v, %v", i, err, end.Err)
+			}
+		})
+	}
+	wg.Wait()
+	q := e.queue("p")
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.runners != 0 || len(q.waiting) != 0 {
+		t.Errorf("after every call returned: %d runners, %d waiting; want none", q.runners, len(q.waiting))
+	}
+}
+
+// A call handed a runner's place (release) whose request another batch
+// then took, before the call woke, gives the place back once, not on
+// every wake-up until its reply.
+func TestHandedPlaceGivenBackOnce(t *testing.T) {
+	q := &queue{e: &Engine{cfg: Config{MaxBatchSize: 10, MaxConcurrentBatches: 1}}, process: "p", runners: 1}
+	r := &request{}
+	returned := make(chan error, 1)
+	go func() { returned <- q.do(context.Background(), r) }()
+	testdb.Eventually(t, 5*time.Second, "the call to wait", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.waiting) == 1
+	})
+	q.release() // the place goes to r ...
+	q.mu.Lock()
+	r.taken = true // ... which another batch takes before r's caller wakes
+	q.waiting = nil
+	q.mu.Unlock()
+	time.Sleep(50 * time.Millisecond) // not a wait for an outcome: the time r's caller has to wake, run nothing and give the place back
+	close(r.done)                     // the other batch replies
+	if err := <-returned; err != nil {
+		t.Fatal(err)
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.runners != 0 {
+		t.Errorf("%d runners after the handed place was given back, want 0", q.runners)
+	}
+}

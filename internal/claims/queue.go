@@ -57,11 +57,13 @@ func (q *queue) do(ctx context.Context, r *request) error {
 	if run {
 		q.run(r)
 	}
+	promote := r.promote // nil once acted on: a closed channel stays ready
 	for waiting := true; waiting; {
 		select {
 		case <-r.done:
 			waiting = false
-		case <-r.promote:
+		case <-promote:
+			promote = nil
 			q.run(r)
 		case <-ctx.Done():
 			if q.leave(r) {
