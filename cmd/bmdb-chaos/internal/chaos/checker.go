@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -31,13 +32,26 @@ func (h *harness) check(ctx context.Context, r *Report) error {
 	}
 	offset := realtimeOffset()
 	st := newStories(ops, events, offset)
+	faults, err := h.workerFaults(ctx)
+	if err != nil {
+		return err
+	}
+	outages, err := h.outages(ctx)
+	if err != nil {
+		return err
+	}
+	lb := &liveness{outages: outages, delays: newDelays(ops, faults, offset)}
+	r.SchedDelays, r.RoundTrips = lb.delays.sched.all(), lb.delays.ping.all()
 	if err := h.checkItems(ctx, r); err != nil {
 		return err
 	}
 	if err := h.checkEffects(ctx, r, final, st); err != nil {
 		return err
 	}
-	if err := h.checkHistory(ctx, r, final, events, st); err != nil {
+	if err := h.checkHistory(r, final, events, st, lb); err != nil {
+		return err
+	}
+	if err := h.checkReclaims(ctx, r, final, events, lb); err != nil {
 		return err
 	}
 	for _, w := range h.fleet.procs {
@@ -204,14 +218,16 @@ FROM chaos_effect e ORDER BY e.id`)
 // (each Started is ended by its own session's event before the next
 // Started); what a session's own transactions wrote (Started, Finished,
 // Failed) committed before its final deadline; a claim is Abandoned only
-// after its session's final deadline, and within the reclaim bound of it;
-// no claim is left open.
-func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, events []dbEvent, st *stories) error {
-	outages, err := h.outages(ctx)
-	if err != nil {
-		return err
-	}
+// after its session's final deadline, and within the release bound of it
+// (liveness); no claim is left open.
+func (h *harness) checkHistory(r *Report, final map[uuid.UUID]time.Time, events []dbEvent, st *stories, lb *liveness) error {
 	r.Events = map[string]int{}
+	claiming := map[string]bool{} // transactions that wrote a Started row: claims
+	for _, e := range events {
+		if e.event == "Started" {
+			claiming[e.xid] = true
+		}
+	}
 	var holder *dbEvent
 	var last uuid.UUID
 	for i := range events {
@@ -252,10 +268,13 @@ func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UU
 					e.machine, e.session, ts(e.at), ts(fd))
 			default:
 				lat := e.at.Sub(fd)
-				r.Reclaims = append(r.Reclaims, lat)
-				if allowed := r.ReclaimBound + outages.overlap(fd, e.at); lat > allowed {
-					r.violate("item %s: claim of session %s reclaimed %v after the session's deadline %s, more than %v",
-						e.machine, e.session, lat.Round(time.Millisecond), ts(fd), allowed.Round(time.Millisecond))
+				r.Releases = append(r.Releases, lat)
+				if claiming[e.xid] {
+					r.ReleasedByClaims++
+				}
+				if allowed, why := lb.allowed(r.ReleaseBound, fd, e.at); lat > allowed {
+					r.violate("item %s: claim of session %s released (Abandoned) %v after the session's deadline %s, more than %v (%s)",
+						e.machine, e.session, lat.Round(time.Millisecond), ts(fd), allowed.Round(time.Millisecond), why)
 				}
 			}
 		}
@@ -264,8 +283,84 @@ func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UU
 	if holder != nil {
 		r.violate("item %s: claim of session %s (Started %s) never ended", last, holder.session, ts(holder.at))
 	}
+	sort.Slice(r.Releases, func(i, j int) bool { return r.Releases[i] < r.Releases[j] })
+	return nil
+}
+
+// reclaimsFile is the file in the log directory that lists every
+// reclaim: machine, session, deadline, next Started, the wall and counted
+// times, and the outage and measured delay its allowance adds.
+const reclaimsFile = "reclaims.tsv"
+
+// checkReclaims: every machine a dead session held is worked again
+// within the reclaim bound of the session's deadline, counting only the
+// time during which free machines remained (reclaim.go) (liveness).
+func (h *harness) checkReclaims(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, events []dbEvent, lb *liveness) error {
+	none, err := h.noneFree(ctx, events)
+	if err != nil {
+		return err
+	}
+	rs, unknown := reclaims(events, final, none)
+	for _, c := range unknown {
+		r.violate("claim %s: Abandoned, and its session has no recorded deadline", c)
+	}
+	var tsv strings.Builder
+	tsv.WriteString("machine\tsession\tdeadline\tstarted\twall_ms\tcounted_ms\toutage_ms\tdelay_ms\tallowed_ms\n")
+	for _, rc := range rs {
+		allowed, why := lb.allowed(r.ReclaimBound, rc.deadline, rc.started)
+		fmt.Fprintf(&tsv, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", rc.machine, rc.session, ts(rc.deadline), ts(rc.started),
+			rc.started.Sub(rc.deadline).Milliseconds(), rc.counted.Milliseconds(), lb.outages.overlap(rc.deadline, rc.started).Milliseconds(),
+			lb.delayOf(rc.deadline, rc.started).Milliseconds(), allowed.Milliseconds())
+		r.Reclaims = append(r.Reclaims, rc.counted)
+		r.ReclaimWall = max(r.ReclaimWall, rc.started.Sub(rc.deadline))
+		if rc.counted > allowed {
+			r.violate("item %s: worked again (Started committed %s) %v after the deadline %s of session %s, counting only time with free machines, more than %v (%s)",
+				rc.machine, ts(rc.started), rc.counted.Round(time.Millisecond), ts(rc.deadline), rc.session, allowed.Round(time.Millisecond), why)
+		}
+	}
+	if h.fleet != nil {
+		// Every reclaim with its allowance, for a closer look.
+		if err := os.WriteFile(filepath.Join(h.fleet.logDir, reclaimsFile), []byte(tsv.String()), 0o644); err != nil {
+			return fmt.Errorf("chaos: writing %s: %w", reclaimsFile, err)
+		}
+	}
 	sort.Slice(r.Reclaims, func(i, j int) bool { return r.Reclaims[i] < r.Reclaims[j] })
 	return nil
+}
+
+// liveness widens a liveness bound by what the run measured over the
+// window it applies to: the time the database was down or the work table
+// locked, and the delays the workers measured (sched.go).
+type liveness struct {
+	outages outageWindows
+	delays  *delays
+}
+
+// What a liveness bound allows for each delay measured in its window:
+// the critical path of a reclaim is one claim transaction that takes the
+// dead session over (its begin, retrieval, claim statement, the session's
+// lock, the Abandoned rows, the session's delete, the claim again, the
+// commit: roundTrips round trips, each of which may take as long as the
+// longest measured then), started by a few goroutine wake-ups (the
+// handler's timer, the claim loop, the batcher, the transaction: wakeUps,
+// each as late as the worst measured then).
+const (
+	roundTrips = 8
+	wakeUps    = 4
+)
+
+// delayOf returns what the delays measured over [from, to] add to a bound.
+func (lb *liveness) delayOf(from, to time.Time) time.Duration {
+	late, rt := lb.delays.during(from, to)
+	return wakeUps*late + roundTrips*rt
+}
+
+// allowed returns bound widened for the window [from, to], and how.
+func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Duration, string) {
+	out := lb.outages.overlap(from, to)
+	late, rt := lb.delays.during(from, to)
+	return bound + out + wakeUps*late + roundTrips*rt, fmt.Sprintf("bound %v, + %v database outage, + %d x %v timer lateness + %d x %v round trip, the worst measured then",
+		bound, out.Round(time.Millisecond), wakeUps, late.Round(time.Millisecond), roundTrips, rt.Round(time.Millisecond))
 }
 
 // outageWindows are the database's restarts and the operator's locks of
