@@ -74,7 +74,17 @@ var plants = map[string]plant{
 	"no-token-increment": {rewrites: map[string]func(string) string{
 		"WorkClaimMany": replace(`token = f\.token \+ 1`, "token = f.token"),
 	}},
+	// (d) No takeovers: a claim statement never finds a claim of an
+	// expired session (neither among its candidates nor sweeping), so a
+	// dead session's machines wait for GC, as before issue 36.
+	"no-takeover": {rewrites: map[string]func(string) string{
+		"WorkClaimMany":           noExpired,
+		"WorkClaimManyArbitrated": noExpired,
+	}},
 }
+
+// noExpired makes a claim statement see no session as expired.
+var noExpired = replace(`s\.deadline <= statement_timestamp\(\)`, "FALSE")
 
 var statementName = regexp.MustCompile(`^-- name: (\w+)`)
 
@@ -139,6 +149,14 @@ func plantConfig(faults int, kinds ...chaos.FaultKind) chaos.Config {
 	return cfg
 }
 
+// slowGC makes cfg's workers collect garbage every 10 s, the fallback a
+// dead session's machines wait for without takeovers, and keeps a queue
+// of free machines (CI mode's items) beside them while the faults run.
+func slowGC(cfg chaos.Config) chaos.Config {
+	cfg.GCPeriod, cfg.DrainTimeout, cfg.Items = 10*time.Second, 40*time.Second, chaos.CIConfig().Items
+	return cfg
+}
+
 // TestPlantedBugs runs the harness against each planted bug and checks
 // that it reports the violation the bug must cause, with its sub-history.
 func TestPlantedBugs(t *testing.T) {
@@ -163,6 +181,11 @@ func TestPlantedBugs(t *testing.T) {
 		// Tokens stay 0: not above the initial state's.
 		{"no-token-increment", plantConfig(1, chaos.FaultTerminate),
 			[]string{"not linearizable", "none of these can come next", "token 0", "visualisation: "}, ""},
+		// Killed workers' machines wait for GC, every 10 s here: worked
+		// again after more than the reclaim bound, even widened by the
+		// delays measured on a loaded machine.
+		{"no-takeover", slowGC(plantConfig(8, chaos.FaultKill)),
+			[]string{"worked again", "counting only time with free machines, more than", "worst measured then"}, ""},
 	} {
 		t.Run(tc.plant, func(t *testing.T) {
 			if tc.skip != "" {
