@@ -80,15 +80,16 @@ type Config struct {
 
 // CIConfig returns the CI mode: 4 worker processes, each with 2
 // Connections running a loop of 2 handlers, 1 s session
-// interval and GC period, a few hundred items, 11 faults (every kind at
-// least once), bounded to 4 minutes.
+// interval and GC period, a few hundred items, 12 faults (every kind at
+// least once), bounded to 6 minutes (a drain on an overloaded machine
+// waits longer: drain).
 func CIConfig() Config {
 	return Config{
 		Seed: 1, Workers: 4, Concurrency: 2, Connections: 2, Items: 160, Faults: 12,
 		Gap:      [2]time.Duration{500 * time.Millisecond, 2 * time.Second},
 		Interval: time.Second, GCPeriod: time.Second,
 		WorkMin: 200 * time.Millisecond, WorkMax: 800 * time.Millisecond,
-		ReclaimSlack: 500 * time.Millisecond, DrainTimeout: 30 * time.Second, Timeout: 4 * time.Minute,
+		ReclaimSlack: 500 * time.Millisecond, DrainTimeout: 30 * time.Second, Timeout: 6 * time.Minute,
 		Out: os.Stdout,
 	}
 }
@@ -222,7 +223,7 @@ func (h *harness) run(ctx context.Context, r *Report) error {
 	stopLoad()
 	wg.Wait()
 	if err == nil {
-		h.drain(ctx)
+		r.DrainExtended = h.drain(ctx)
 	}
 	for _, s := range h.fleet.stopAll(15 * time.Second) {
 		r.violate("%s", s)
@@ -434,22 +435,35 @@ func (h *harness) progress(ctx context.Context) (total, done int, err error) {
 }
 
 // drain waits until every item has an effect, or DrainTimeout (the checker
-// then reports the stuck items).
-func (h *harness) drain(ctx context.Context) {
-	end := time.Now().Add(h.cfg.DrainTimeout)
-	for time.Now().Before(end) && ctx.Err() == nil {
+// then reports the stuck items), longer by the time the machine was
+// overloaded meanwhile (drainOverload): a liveness bound, widened as the
+// checker widens the others. It returns how much longer it waited.
+func (h *harness) drain(ctx context.Context) time.Duration {
+	began := time.Now()
+	end := began.Add(h.cfg.DrainTimeout)
+	var extended time.Duration
+	for ctx.Err() == nil {
+		if !time.Now().Before(end) {
+			more := h.drainOverload(began) - extended
+			if more <= 0 || extended+more > maxDrainExtension*h.cfg.DrainTimeout {
+				break
+			}
+			extended += more
+			end = end.Add(more)
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs overloaded for %v of the drain: waiting that much longer\n", time.Since(h.began).Seconds(), extended.Round(time.Millisecond))
+		}
 		total, done, err := h.progress(ctx)
 		if err == nil && done == total {
 			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs all %d items done\n", time.Since(h.began).Seconds(), total)
-			return
+			return extended
 		}
 		_ = wait.Sleep(ctx, 200*time.Millisecond)
 	}
-	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: items still not done %v after the last fault\n", h.cfg.DrainTimeout)
+	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: items still not done %v after the last fault\n", h.cfg.DrainTimeout+extended)
 	h.stuck = map[uuid.UUID]string{}
 	rows, err := h.db.QueryContext(ctx, stuckSQL, Process)
 	if err != nil {
-		return
+		return extended
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -459,6 +473,21 @@ func (h *harness) drain(ctx context.Context) {
 			h.stuck[m] = what
 		}
 	}
+	return extended
+}
+
+// maxDrainExtension bounds how many DrainTimeouts drain adds for overload.
+const maxDrainExtension = 3
+
+// drainOverload returns how long the machine was overloaded since from, by
+// the workers' measurements so far (their histories: delays.overloaded),
+// or 0 if they cannot be read now.
+func (h *harness) drainOverload(from time.Time) time.Duration {
+	ops, err := readHistories(h.fleet.logDir, h.cfg.Workers)
+	if err != nil {
+		return 0
+	}
+	return newDelays(ops, nil, realtimeOffset()).overloaded(h.cfg.Interval/2).overlap(from, time.Now())
 }
 
 // withParams returns the URL dsn with host (if not empty), database (if
@@ -533,6 +562,9 @@ type Report struct {
 	ReleaseBound                      time.Duration   // Config.releaseBound, before what the run measured
 	SchedDelays                       []time.Duration // the workers' timer lateness, the worst of each window (sched.go), sorted
 	RoundTrips                        []time.Duration // the workers' SELECT 1 round trips of pingRecordMin or more (sched.go), sorted
+	Connects                          []time.Duration // the workers' probe connections' openings of pingRecordMin or more (sched.go), sorted
+	Overloaded                        time.Duration   // how long the delays measured were more than a heartbeat can absorb (delays.overloaded)
+	DrainExtended                     time.Duration   // how much longer than DrainTimeout the drain waited, for overload
 	MinCommitMargin                   time.Duration   // least (session deadline - effect commit)
 	Operations                        int             // operations checked against the claim model
 	Violations                        []string
@@ -584,7 +616,11 @@ func (r *Report) Print(w io.Writer) {
 		parts = append(parts, s)
 	}
 	fmt.Fprintf(w, "  faults:     %d: %s\n", total, strings.Join(parts, ", "))
-	fmt.Fprintf(w, "  items:      %d seeded, %d processed, %d effect rows\n", r.Items, r.Processed, r.Effects)
+	drain := ""
+	if r.DrainExtended > 0 {
+		drain = fmt.Sprintf(" (the drain waited %v longer: overloaded)", r.DrainExtended.Round(time.Millisecond))
+	}
+	fmt.Fprintf(w, "  items:      %d seeded, %d processed, %d effect rows%s\n", r.Items, r.Processed, r.Effects, drain)
 	var ev []string
 	for _, e := range []string{"Started", "Finished", "Abandoned", "Canceled", "Failed"} {
 		ev = append(ev, fmt.Sprintf("%s %d", e, r.Events[e]))
@@ -604,8 +640,8 @@ func (r *Report) Print(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "  release:    no abandoned claims\n")
 	}
-	fmt.Fprintf(w, "  delays:     timer lateness (worst per %v) %s; round trips %s; each bound above + outages + %d x timer lateness + %d x round trip, the worst measured in its window\n",
-		schedWindow, spread(r.SchedDelays), spread(r.RoundTrips), wakeUps, roundTrips)
+	fmt.Fprintf(w, "  delays:     timer lateness (worst per %v) %s; round trips %s; connecting %s; overloaded %v (a heartbeat's %d round trips + connecting + lateness >= interval/2); each bound above + outages and overload + %d x timer lateness + %d x round trip + connecting, the worst measured in its window\n",
+		schedWindow, spread(r.SchedDelays), spread(r.RoundTrips), spread(r.Connects), r.Overloaded.Round(time.Millisecond), heartbeatRoundTrips, wakeUps, roundTrips)
 	fmt.Fprintf(w, "  deadlines:  closest effect commit %v before its session's deadline\n", r.MinCommitMargin.Round(time.Millisecond))
 	fmt.Fprintf(w, "  model:      %d operations checked against the claim model (porcupine), per item\n", r.Operations)
 	fmt.Fprintf(w, "  violations: %d\n", len(r.Violations))

@@ -40,8 +40,11 @@ func (h *harness) check(ctx context.Context, r *Report) error {
 	if err != nil {
 		return err
 	}
-	lb := &liveness{outages: outages, delays: newDelays(ops, faults, offset)}
-	r.SchedDelays, r.RoundTrips = lb.delays.sched.all(), lb.delays.ping.all()
+	d := newDelays(ops, faults, offset)
+	overloaded := d.overloaded(h.cfg.Interval / 2)
+	lb := &liveness{outages: union(outages, overloaded), delays: d}
+	r.SchedDelays, r.RoundTrips, r.Connects = d.sched.all(), d.ping.all(), d.connect.all()
+	r.Overloaded = overloaded.total()
 	if err := h.checkItems(ctx, r); err != nil {
 		return err
 	}
@@ -289,7 +292,8 @@ func (h *harness) checkHistory(r *Report, final map[uuid.UUID]time.Time, events 
 
 // reclaimsFile is the file in the log directory that lists every
 // reclaim: machine, session, deadline, next Started, the wall and counted
-// times, and the outage and measured delay its allowance adds.
+// times, and what its allowance adds for outages (the database's, and
+// overload) and for the delays measured.
 const reclaimsFile = "reclaims.tsv"
 
 // checkReclaims: every machine a dead session held is worked again
@@ -330,9 +334,10 @@ func (h *harness) checkReclaims(ctx context.Context, r *Report, final map[uuid.U
 
 // liveness widens a liveness bound by what the run measured over the
 // window it applies to: the time the database was down or the work table
-// locked, and the delays the workers measured (sched.go).
+// locked, or the machine overloaded (delays.overloaded), and the delays
+// the workers measured (sched.go).
 type liveness struct {
-	outages outageWindows
+	outages outageWindows // the database's outages and the overloaded windows, merged
 	delays  *delays
 }
 
@@ -341,32 +346,66 @@ type liveness struct {
 // dead session over (its begin, retrieval, claim statement, the session's
 // lock, the Abandoned rows, the session's delete, the claim again, the
 // commit: roundTrips round trips, each of which may take as long as the
-// longest measured then), started by a few goroutine wake-ups (the
-// handler's timer, the claim loop, the batcher, the transaction: wakeUps,
-// each as late as the worst measured then).
+// longest measured then, and at most one new connection), started by a
+// few goroutine wake-ups (the handler's timer, the claim loop, the
+// batcher, the transaction: wakeUps, each as late as the worst measured
+// then).
 const (
 	roundTrips = 8
 	wakeUps    = 4
 )
 
+// allowance is what delays measured in a window add to a bound.
+func (m measuredDelays) allowance() time.Duration {
+	return wakeUps*m.late + roundTrips*m.roundTrip + m.connect
+}
+
 // delayOf returns what the delays measured over [from, to] add to a bound.
 func (lb *liveness) delayOf(from, to time.Time) time.Duration {
-	late, rt := lb.delays.during(from, to)
-	return wakeUps*late + roundTrips*rt
+	return lb.delays.during(from, to).allowance()
 }
 
 // allowed returns bound widened for the window [from, to], and how.
 func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Duration, string) {
 	out := lb.outages.overlap(from, to)
-	late, rt := lb.delays.during(from, to)
-	return bound + out + wakeUps*late + roundTrips*rt, fmt.Sprintf("bound %v, + %v database outage, + %d x %v timer lateness + %d x %v round trip, the worst measured then",
-		bound, out.Round(time.Millisecond), wakeUps, late.Round(time.Millisecond), roundTrips, rt.Round(time.Millisecond))
+	m := lb.delays.during(from, to)
+	return bound + out + m.allowance(), fmt.Sprintf("bound %v, + %v database outage or overload, + %d x %v timer lateness + %d x %v round trip + %v connecting, the worst measured then",
+		bound, out.Round(time.Millisecond), wakeUps, m.late.Round(time.Millisecond), roundTrips, m.roundTrip.Round(time.Millisecond), m.connect.Round(time.Millisecond))
 }
 
 // outageWindows are the database's restarts and the operator's locks of
-// the work table, on its clock: no one can reclaim anything then.
+// the work table, on its clock: no one can reclaim anything then (and,
+// in other uses, windows of other kinds).
 type outageWindows [][2]time.Time
 
+// union returns the windows of a and b, merged, in order.
+func union(a, b outageWindows) outageWindows {
+	all := append(append(outageWindows(nil), a...), b...)
+	sort.Slice(all, func(i, j int) bool { return all[i][0].Before(all[j][0]) })
+	var u outageWindows
+	for _, w := range all {
+		if n := len(u); n > 0 && !u[n-1][1].Before(w[0]) {
+			if w[1].After(u[n-1][1]) {
+				u[n-1][1] = w[1]
+			}
+			continue
+		}
+		u = append(u, w)
+	}
+	return u
+}
+
+// total returns how long the windows last together (they do not overlap).
+func (o outageWindows) total() time.Duration {
+	var d time.Duration
+	for _, w := range o {
+		d += w[1].Sub(w[0])
+	}
+	return d
+}
+
+// outages returns the database's restarts and the operator's locks of
+// the work table (FaultPGRestart, FaultLockTable), on its clock.
 func (h *harness) outages(ctx context.Context) (outageWindows, error) {
 	rows, err := h.db.QueryContext(ctx, `SELECT began_at, ended_at FROM chaos_fault WHERE kind IN ($1, $2) AND ended_at IS NOT NULL`,
 		string(FaultPGRestart), string(FaultLockTable))
@@ -385,8 +424,8 @@ func (h *harness) outages(ctx context.Context) (outageWindows, error) {
 	return o, rows.Err()
 }
 
-// overlap returns how long the database was down between from and to: no
-// one can reclaim anything then.
+// overlap returns how long the windows cover between from and to: no one
+// can reclaim anything then.
 func (o outageWindows) overlap(from, to time.Time) time.Duration {
 	var d time.Duration
 	for _, w := range o {

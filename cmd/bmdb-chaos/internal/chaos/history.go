@@ -33,6 +33,7 @@ const (
 	opSessionEnd   = "session-end"   // a session's Done, with its cause (Return only)
 	opSched        = "sched"         // the worker's worst timer lateness over a window (sched.go): Call to Return, Late
 	opPing         = "ping"          // a SELECT 1 round trip of the worker's (sched.go): Call to Return, Late
+	opConnect      = "connect"       // the opening of the worker's probe connection (sched.go): Call to Return, Late
 )
 
 // Outcomes of an operation, as the client saw them.
@@ -65,7 +66,7 @@ type record struct {
 	Out     string    `json:"o,omitempty"`
 	Err     string    `json:"e,omitempty"`
 	Claims  []claimed `json:"cl,omitempty"`
-	Late    int64     `json:"l,omitempty"` // opSched: the most the worker woke late in the window; opPing: the round trip; nanoseconds
+	Late    int64     `json:"l,omitempty"` // opSched: the most the worker woke late in the window; opPing, opConnect: how long it took; nanoseconds
 }
 
 // monotonic returns CLOCK_MONOTONIC in nanoseconds.

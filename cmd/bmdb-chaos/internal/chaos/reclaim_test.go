@@ -83,16 +83,42 @@ func TestLivenessAllowance(t *testing.T) {
 		{record: record{Kind: opPing, Call: mono(300), Return: mono(400), Late: int64(100 * time.Millisecond)}, Worker: 0},
 		// Worker 2 was stopped: its lateness is the fault's.
 		{record: record{Kind: opSched, Call: mono(250), Return: mono(3000), Late: int64(2750 * time.Millisecond)}, Worker: 2},
+		{record: record{Kind: opConnect, Call: mono(600), Return: mono(900), Late: int64(300 * time.Millisecond)}, Worker: 1},
 		{record: record{Kind: opPing, Call: mono(5000), Return: mono(5010), Late: int64(10 * time.Millisecond)}, Worker: 0},
 	}
 	faults := []workerWindow{{worker: 2, from: at(200), to: at(2900)}}
 	lb := &liveness{outages: outageWindows{{at(100), at(200)}}, delays: newDelays(ops, faults, offset)}
 	got, why := lb.allowed(time.Second, at(0), at(1000))
-	want := time.Second + 100*time.Millisecond + wakeUps*40*time.Millisecond + roundTrips*100*time.Millisecond
+	want := time.Second + 100*time.Millisecond + wakeUps*40*time.Millisecond + roundTrips*100*time.Millisecond + 300*time.Millisecond
 	if got != want {
 		t.Errorf("allowed %v (%s), want %v", got, why, want)
 	}
 	if got, _ := lb.allowed(time.Second, at(4000), at(4500)); got != time.Second {
 		t.Errorf("allowed %v over a window with nothing measured, want the bound", got)
+	}
+}
+
+// Windows whose measured delays are more than a heartbeat can absorb are
+// overloaded, and count as outages; the others only widen the bound.
+func TestOverloaded(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	mono := func(ms int) int64 { return t0.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	ops := []*op{
+		// Busy but alive: 3 x 100ms + 50ms < 500ms.
+		{record: record{Kind: opPing, Call: mono(0), Return: mono(100), Late: int64(100 * time.Millisecond)}},
+		{record: record{Kind: opSched, Call: mono(0), Return: mono(250), Late: int64(50 * time.Millisecond)}},
+		// Overloaded: 3 x 200ms >= 500ms, in the windows at 500 and 750.
+		{record: record{Kind: opPing, Call: mono(600), Return: mono(800), Late: int64(200 * time.Millisecond)}},
+		{record: record{Kind: opSched, Call: mono(1000), Return: mono(1250), Late: int64(10 * time.Millisecond)}},
+	}
+	d := newDelays(ops, nil, 0)
+	got := d.overloaded(500 * time.Millisecond)
+	if len(got) != 1 || !got[0][0].Equal(at(500)) || !got[0][1].Equal(at(1000)) {
+		t.Fatalf("overloaded %v, want the windows at 500 and 750 ms, merged", got)
+	}
+	u := union(outageWindows{{at(900), at(1100)}}, got)
+	if len(u) != 1 || !u[0][0].Equal(at(500)) || !u[0][1].Equal(at(1100)) || u.total() != 600*time.Millisecond {
+		t.Errorf("union %v (total %v), want 500-1100 ms", u, u.total())
 	}
 }

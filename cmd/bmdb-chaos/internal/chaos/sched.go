@@ -3,6 +3,7 @@ package chaos
 import (
 	"context"
 	"database/sql"
+	"math"
 	"sort"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 // schedWindow (opSched records, the window's start and end as call and
 // return, Late); and the round trip of a SELECT 1 every pingEvery, on a
 // connection of its own through its proxy (opPing records, one per ping
-// that took pingRecordMin or more). The harness widens each liveness
+// that took pingRecordMin or more), and how long opening that connection
+// took when it had to be opened (opConnect). The harness widens each liveness
 // bound by what the workers measured during the window it applies to
 // (delays.during, liveness.allowed), rather than by a margin fixed in
 // advance: a slow machine widens it by what it cost, an idle one keeps
@@ -55,27 +57,50 @@ func probeScheduling(ctx context.Context, rec *recorder) {
 	}
 }
 
-// probeDatabase records the round trips of a SELECT 1 on db (one
-// connection of the worker's own) in rec until ctx is done: those that
-// succeed and take pingRecordMin or more. Runs on a goroutine of its own.
+// probeDatabase records the round trips of a SELECT 1 on a connection
+// of db (the worker's own, through its proxy) in rec until ctx is done:
+// those that succeed and take pingRecordMin or more (opPing), and apart
+// from them the time it took to open each connection (opConnect): after a
+// restart or a terminated backend, a transaction pays that once, not on
+// every round trip. Runs on a goroutine of its own.
 func probeDatabase(ctx context.Context, db *sql.DB, rec *recorder) {
+	var conn *sql.Conn
+	defer func() {
+		if conn != nil {
+			conn.Close()
+		}
+	}()
+	measure := func(kind string, call int64, err error) {
+		if ret := monotonic(); err == nil && ret-call >= pingRecordMin.Nanoseconds() {
+			rec.write(record{ID: rec.nextID(), Kind: kind, Call: call, Return: ret, Late: ret - call})
+		}
+	}
 	for wait.Sleep(ctx, pingEvery) == nil {
 		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-		call := monotonic()
-		_, err := db.ExecContext(pctx, `SELECT 1`)
-		ret := monotonic()
-		cancel()
-		if err == nil && ret-call >= pingRecordMin.Nanoseconds() {
-			rec.write(record{ID: rec.nextID(), Kind: opPing, Call: call, Return: ret, Late: ret - call})
+		var err error
+		if conn == nil {
+			call := monotonic()
+			conn, err = db.Conn(pctx)
+			measure(opConnect, call, err)
 		}
+		if err == nil {
+			call := monotonic()
+			_, err = conn.ExecContext(pctx, `SELECT 1`)
+			measure(opPing, call, err)
+			if err != nil {
+				conn.Close() // a new one next time
+				conn = nil
+			}
+		}
+		cancel()
 	}
 }
 
 // delays are the workers' measurements (opSched and opPing records), on
 // the histories' clock (CLOCK_MONOTONIC).
 type delays struct {
-	sched, ping measurements
-	offset      int64 // CLOCK_REALTIME - CLOCK_MONOTONIC: database times to the histories' clock
+	sched, ping, connect measurements
+	offset               int64 // CLOCK_REALTIME - CLOCK_MONOTONIC: database times to the histories' clock
 }
 
 // measurements are one kind of measurement, in order of their start.
@@ -99,7 +124,16 @@ func newDelays(ops []*op, faults []workerWindow, offset int64) *delays {
 	d := &delays{offset: offset}
 	pad := schedWindow.Nanoseconds()
 	for _, o := range ops {
-		if (o.Kind != opSched && o.Kind != opPing) || o.Return == 0 {
+		var m *measurements
+		switch o.Kind {
+		case opSched:
+			m = &d.sched
+		case opPing:
+			m = &d.ping
+		case opConnect:
+			m = &d.connect
+		}
+		if m == nil || o.Return == 0 {
 			continue
 		}
 		faulted := false
@@ -112,24 +146,67 @@ func newDelays(ops []*op, faults []workerWindow, offset int64) *delays {
 		if faulted {
 			continue
 		}
-		m := &d.sched
-		if o.Kind == opPing {
-			m = &d.ping
-		}
 		m.spans = append(m.spans, measured{from: o.Call, to: o.Return, d: time.Duration(o.Late)})
 		m.maxSpan = max(m.maxSpan, o.Return-o.Call)
 	}
-	for _, m := range []*measurements{&d.sched, &d.ping} {
+	for _, m := range []*measurements{&d.sched, &d.ping, &d.connect} {
 		sort.Slice(m.spans, func(i, j int) bool { return m.spans[i].from < m.spans[j].from })
 	}
 	return d
 }
 
-// during returns the worst timer lateness and the longest round trip any
-// worker measured in a span overlapping [from, to] (database times).
-func (d *delays) during(from, to time.Time) (late, roundTrip time.Duration) {
+// measuredDelays are the worst of each measurement in a window.
+type measuredDelays struct {
+	late, roundTrip, connect time.Duration
+}
+
+// heartbeatRoundTrips is what a session's heartbeat takes: a transaction
+// of one statement (begin, the deadline's update, commit).
+const heartbeatRoundTrips = 3
+
+// heartbeat returns how long a heartbeat takes with these delays: its
+// timer's lateness, a new connection, its round trips.
+func (m measuredDelays) heartbeat() time.Duration {
+	return m.late + m.connect + heartbeatRoundTrips*m.roundTrip
+}
+
+// overloaded returns the windows, on the database clock, in which the
+// delays the workers measured (the worst of each per schedWindow) were
+// more than a heartbeat can absorb: a session lives on only while a
+// heartbeat, begun half its lifetime after the last one, succeeds within
+// the other half (budget). Then no session can be expected to live, and
+// bmdb promises no reclaim time: the checker counts those windows as it
+// counts the database's outages.
+func (d *delays) overloaded(budget time.Duration) outageWindows {
+	lo, hi := int64(math.MaxInt64), int64(math.MinInt64)
+	for _, m := range []*measurements{&d.sched, &d.ping, &d.connect} {
+		for _, s := range m.spans {
+			lo, hi = min(lo, s.from), max(hi, s.to)
+		}
+	}
+	var w outageWindows
+	step := schedWindow.Nanoseconds()
+	for t := lo; t < hi; t += step {
+		m := measuredDelays{late: d.sched.worst(t, t+step), roundTrip: d.ping.worst(t, t+step), connect: d.connect.worst(t, t+step)}
+		if m.heartbeat() < budget {
+			continue
+		}
+		from, to := time.Unix(0, t+d.offset), time.Unix(0, t+step+d.offset)
+		if n := len(w); n > 0 && !w[n-1][1].Before(from) {
+			w[n-1][1] = to
+			continue
+		}
+		w = append(w, [2]time.Time{from, to})
+	}
+	return w
+}
+
+// during returns the worst timer lateness, round trip and connection
+// opening any worker measured in a span overlapping [from, to] (database
+// times).
+func (d *delays) during(from, to time.Time) measuredDelays {
 	lo, hi := from.UnixNano()-d.offset, to.UnixNano()-d.offset
-	return d.sched.worst(lo, hi), d.ping.worst(lo, hi)
+	return measuredDelays{late: d.sched.worst(lo, hi), roundTrip: d.ping.worst(lo, hi), connect: d.connect.worst(lo, hi)}
 }
 
 func (m *measurements) worst(lo, hi int64) time.Duration {
