@@ -487,7 +487,9 @@ func (h *harness) drainOverload(from time.Time) time.Duration {
 	if err != nil {
 		return 0
 	}
-	return newDelays(ops, nil, realtimeOffset()).overloaded(h.cfg.Interval/2).overlap(from, time.Now())
+	offset := realtimeOffset()
+	expired, _ := selfExpired(ops, nil, offset, h.cfg.Interval/2)
+	return union(newDelays(ops, nil, offset).overloaded(h.cfg.Interval/2), expired).overlap(from, time.Now())
 }
 
 // withParams returns the URL dsn with host (if not empty), database (if
@@ -563,7 +565,8 @@ type Report struct {
 	SchedDelays                       []time.Duration // the workers' timer lateness, the worst of each window (sched.go), sorted
 	RoundTrips                        []time.Duration // the workers' SELECT 1 round trips of pingRecordMin or more (sched.go), sorted
 	Connects                          []time.Duration // the workers' probe connections' openings of pingRecordMin or more (sched.go), sorted
-	Overloaded                        time.Duration   // how long the delays measured were more than a heartbeat can absorb (delays.overloaded)
+	Overloaded                        time.Duration   // how long the delays measured were more than a heartbeat can absorb (delays.overloaded), or a session expired by itself (selfExpired)
+	SelfExpired                       int             // sessions that expired with no fault aimed at their worker (selfExpired)
 	DrainExtended                     time.Duration   // how much longer than DrainTimeout the drain waited, for overload
 	MinCommitMargin                   time.Duration   // least (session deadline - effect commit)
 	Operations                        int             // operations checked against the claim model
@@ -640,8 +643,8 @@ func (r *Report) Print(w io.Writer) {
 	} else {
 		fmt.Fprintf(w, "  release:    no abandoned claims\n")
 	}
-	fmt.Fprintf(w, "  delays:     timer lateness (worst per %v) %s; round trips %s; connecting %s; overloaded %v (a heartbeat's %d round trips + connecting + lateness >= interval/2); each bound above + outages and overload + %d x timer lateness + %d x round trip + connecting, the worst measured in its window\n",
-		schedWindow, spread(r.SchedDelays), spread(r.RoundTrips), spread(r.Connects), r.Overloaded.Round(time.Millisecond), heartbeatRoundTrips, wakeUps, roundTrips)
+	fmt.Fprintf(w, "  delays:     timer lateness (worst per %v) %s; round trips %s; connecting %s; overloaded %v (a heartbeat's %d round trips + connecting + lateness >= interval/2, or one of %d sessions expired with no fault aimed at its worker); each bound above + outages and overload + %d x timer lateness + %d x round trip + connecting, the worst measured in its window\n",
+		schedWindow, spread(r.SchedDelays), spread(r.RoundTrips), spread(r.Connects), r.Overloaded.Round(time.Millisecond), heartbeatRoundTrips, r.SelfExpired, wakeUps, roundTrips)
 	fmt.Fprintf(w, "  deadlines:  closest effect commit %v before its session's deadline\n", r.MinCommitMargin.Round(time.Millisecond))
 	fmt.Fprintf(w, "  model:      %d operations checked against the claim model (porcupine), per item\n", r.Operations)
 	fmt.Fprintf(w, "  violations: %d\n", len(r.Violations))

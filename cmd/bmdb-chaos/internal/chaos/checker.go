@@ -41,10 +41,11 @@ func (h *harness) check(ctx context.Context, r *Report) error {
 		return err
 	}
 	d := newDelays(ops, faults, offset)
-	overloaded := d.overloaded(h.cfg.Interval / 2)
+	expired, n := selfExpired(ops, faults, offset, h.cfg.Interval/2)
+	overloaded := union(d.overloaded(h.cfg.Interval/2), expired)
 	lb := &liveness{outages: union(outages, overloaded), delays: d}
 	r.SchedDelays, r.RoundTrips, r.Connects = d.sched.all(), d.ping.all(), d.connect.all()
-	r.Overloaded = overloaded.total()
+	r.Overloaded, r.SelfExpired = overloaded.total(), n
 	if err := h.checkItems(ctx, r); err != nil {
 		return err
 	}

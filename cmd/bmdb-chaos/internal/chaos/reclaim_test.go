@@ -122,3 +122,23 @@ func TestOverloaded(t *testing.T) {
 		t.Errorf("union %v (total %v), want 500-1100 ms", u, u.total())
 	}
 }
+
+// A session that expired with no fault aimed at its worker marks the half
+// interval before its end as overloaded; one expired during a fault on its
+// worker, or closed, does not.
+func TestSelfExpired(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	mono := func(ms int) int64 { return t0.Add(time.Duration(ms) * time.Millisecond).UnixNano() }
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	expired := "bmdb: session expired: no successful heartbeat for 1s (local deadline)"
+	ops := []*op{
+		{record: record{Kind: opSessionEnd, Return: mono(2000), Out: outExpired, Err: expired}, Worker: 0},
+		{record: record{Kind: opSessionEnd, Return: mono(5000), Out: outExpired, Err: expired}, Worker: 1},
+		{record: record{Kind: opSessionEnd, Return: mono(8000), Out: outExpired, Err: "bmdb: session closed"}, Worker: 2},
+	}
+	faults := []workerWindow{{worker: 1, from: at(3000), to: at(4800)}}
+	w, n := selfExpired(ops, faults, 0, 500*time.Millisecond)
+	if n != 1 || len(w) != 1 || !w[0][0].Equal(at(1500)) || !w[0][1].Equal(at(2000)) {
+		t.Errorf("selfExpired = %v, %d; want worker 0's death alone, 1500-2000 ms", w, n)
+	}
+}

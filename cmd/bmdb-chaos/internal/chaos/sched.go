@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"math"
 	"sort"
+	"strings"
 	"time"
 
+	"github.com/bmdb-dev/bmdb/bmdb"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
@@ -153,6 +155,43 @@ func newDelays(ops []*op, faults []workerWindow, offset int64) *delays {
 		sort.Slice(m.spans, func(i, j int) bool { return m.spans[i].from < m.spans[j].from })
 	}
 	return d
+}
+
+// selfExpired returns the windows, on the database clock, in which a
+// session expired by itself: its worker recorded its end as expired while
+// no fault was aimed at that worker (faults, widened by schedWindow). Its
+// heartbeats failed for the last half of its lifetime (half the
+// interval, at most), so the window is that half before its end. Such a
+// death is the direct evidence that the machine could not keep sessions
+// alive, whatever the delays measured say (a heartbeat is a retried
+// transaction, on CockroachDB paths longer than its 3 round trips), and
+// the checker counts it as overload; the report counts the deaths, so
+// that sessions dying on an idle machine (a heartbeat's bug) show.
+func selfExpired(ops []*op, faults []workerWindow, offset int64, half time.Duration) (outageWindows, int) {
+	var w outageWindows
+	n := 0
+	pad := schedWindow.Nanoseconds()
+	for _, o := range ops {
+		// Out is outExpired for a Close too (ErrSessionClosed): the cause
+		// says which.
+		if o.Kind != opSessionEnd || o.Return == 0 || !strings.Contains(o.Err, bmdb.ErrSessionExpired.Error()) {
+			continue
+		}
+		faulted := false
+		for _, f := range faults {
+			if f.worker == o.Worker && o.Return-half.Nanoseconds() < f.to.UnixNano()-offset+pad && f.from.UnixNano()-offset-pad < o.Return {
+				faulted = true
+				break
+			}
+		}
+		if faulted {
+			continue
+		}
+		n++
+		end := time.Unix(0, o.Return+offset)
+		w = append(w, [2]time.Time{end.Add(-half), end})
+	}
+	return union(w, nil), n
 }
 
 // measuredDelays are the worst of each measurement in a window.
