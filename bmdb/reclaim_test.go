@@ -129,6 +129,11 @@ func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 				if took > bound {
 					t.Errorf("the dead worker's machines were claimed again %v after its deadline, more than %v", took, bound)
 				}
+				// Garbage collection (every interval) may end some of the
+				// claims first; the claims that took over count the rest.
+				if n := liveConn.Stats().ClaimsTakenOver; n > int64(len(held)) {
+					t.Errorf("Stats.ClaimsTakenOver = %d, more than the dead worker's %d claims", n, len(held))
+				}
 				if free == 400 && left == 0 {
 					t.Errorf("the queue drained before the dead worker's machines were claimed again: not a test of a long queue")
 				}
@@ -165,5 +170,8 @@ func TestExpiredClaimsSlotIsTakenOver(t *testing.T) {
 	}
 	if got := e.events(held, dead); !slicesEqual(got, "install:Started@1", "install:Abandoned@1") {
 		t.Errorf("the dead session's claim: %v, want it Abandoned", got)
+	}
+	if n := c.Stats().ClaimsTakenOver; n != 1 {
+		t.Errorf("Stats.ClaimsTakenOver = %d, want the one claim taken over", n)
 	}
 }

@@ -53,6 +53,12 @@ type Stats struct {
 	// attempt ran again with a new snapshot, at once the first times. They
 	// are not among TxRetries.
 	ClaimsStale int64
+	// ClaimsTakenOver counts the claims of expired sessions that the
+	// connection's claim statements ended (Abandoned) on the way to
+	// claiming: a dead or stalled worker's machines reclaimed before
+	// garbage collection would have ended its claims. Claims of any process
+	// of such a session count, not only the claiming one's.
+	ClaimsTakenOver int64
 }
 
 // Stats returns the connection's cumulative figures.
@@ -77,6 +83,7 @@ func (c *Connection) Stats() Stats {
 		s.ClaimPaused += p.Paused.Load()
 		s.ClaimCapped += p.Capped.Load()
 		s.ClaimsStale += p.Stale.Load()
+		s.ClaimsTakenOver += p.TakenOver.Load()
 	})
 	return s
 }

@@ -258,6 +258,7 @@ func (q *queue) record(r *request) {
 		}
 		if err == nil {
 			st.Events(c.Abandoned, store.WorkHistoryEventAbandoned)
+			p.TakenOver.Add(int64(len(c.Abandoned)))
 			for range c.Claims {
 				st.Event(q.process, store.WorkHistoryEventStarted)
 				if observe := q.e.cfg.ObserveClaim; observe != nil {

@@ -29,6 +29,7 @@ type Counters struct {
 type Process struct {
 	Calls, Asked, Claimed, Conflicts, Nothing, Stale, Backoffs atomic.Int64
 	Paused, Capped                                             atomic.Int64
+	TakenOver                                                  atomic.Int64 // expired sessions' claims the process's claim statements ended
 	// The process's controls at the last claim statement: PausedNow 1 or
 	// 0, CapNow the cap or 0; ControlsSeen once one has run.
 	PausedNow, CapNow atomic.Int64
