@@ -13,8 +13,11 @@ STATICCHECK         := $(BIN)/staticcheck-$(STATICCHECK_VERSION)
 # standalone example module (also in cockroach mode, as bmdbtest lets an
 # application's tests run), then the core, worker, bmdbtest and chaos
 # tests again in cockroach mode (internal/testing/crdbmode: bmdb's
-# CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected;
-# ambiguous commits only for the chaos run, whose checker tolerates them).
+# CockroachDB code paths on PostgreSQL, with CockroachDB's errors injected
+# and its locking and migrations per version; ambiguous commits only for
+# the chaos run, whose checker tolerates them), as the newest release it
+# models and as the oldest (23.2, whose migration files run as one
+# transaction).
 # BMDB_TEST_DSN, when set, names the server to test against (PostgreSQL or
 # CockroachDB) instead of a throwaway one.
 #
@@ -27,7 +30,8 @@ TEST_STEPS := \
 	'every package' '$(GO_TEST) ./...' \
 	'examples/burnin (a module of its own)' 'cd examples/burnin && $(GO_TEST) ./...' \
 	'examples/burnin, cockroach mode' 'cd examples/burnin && BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) .' \
-	'cockroach mode: bmdb, worker, bmdbtest' 'BMDB_TEST_COCKROACH=retry=0.02 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/' \
+	'cockroach mode 25.2: bmdb, worker, bmdbtest' 'BMDB_TEST_COCKROACH=retry=0.02,version=25.2 $(GO_TEST) ./bmdb/ ./worker/ ./bmdbtest/' \
+	'cockroach mode 23.2: bmdb, migrations, bmdbtest' 'BMDB_TEST_COCKROACH=retry=0.02,version=23.2 $(GO_TEST) ./bmdb/ ./migrations/ ./bmdbtest/' \
 	'cockroach mode: chaos' 'BMDB_TEST_COCKROACH=retry=0.02,ambiguous=0.01 $(GO_TEST) ./cmd/bmdb-chaos/'
 BROWSER_CHECK := command -v chromium || command -v chromium-browser || command -v google-chrome || \
 	echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2

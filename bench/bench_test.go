@@ -109,7 +109,7 @@ func BenchmarkTransactEmpty(b *testing.B) {
 	reportRetries(b, conn, before)
 }
 
-// BenchmarkHeartbeatPoke is the heartbeat's transaction (SessionPoke in its
+// BenchmarkHeartbeatPoke is the heartbeat's transaction (SessionHeartbeat in its
 // own SERIALIZABLE transaction), which bmdb runs internally.
 func BenchmarkHeartbeatPoke(b *testing.B) {
 	conn, sess, _ := benchConn(b)
@@ -120,7 +120,7 @@ func BenchmarkHeartbeatPoke(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		n, err := store.New(tx).SessionPoke(ctx, sess.ID())
+		n, err := store.New(tx).SessionHeartbeat(ctx, sess.ID())
 		if err != nil || n != 1 {
 			b.Fatalf("poke: %d rows, %v", n, err)
 		}

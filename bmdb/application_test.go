@@ -291,7 +291,7 @@ func TestCallbackQueriesAreReadOnly(t *testing.T) {
 			t.Errorf("model.Queries.%s is not a read-only query of queries/", m)
 		}
 	}
-	for _, forbidden := range []string{"WorkClaimMany", "WorkFinishMany", "WorkEndMany", "WorkEndSession", "SessionDelete", "SessionPoke", "WorkBackoffUpsert", "WorkAbandonOfSessions"} {
+	for _, forbidden := range []string{"WorkClaimMany", "WorkFinishMany", "WorkEndMany", "WorkEndSession", "SessionDelete", "SessionHeartbeat", "WorkBackoffUpsert", "WorkAbandonOfSessions"} {
 		if _, ok := methods.MethodByName(forbidden); ok {
 			t.Errorf("callbacks can reach bmdb's %s", forbidden)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/txn"
 )
 
 // Backoff says how long a failed (machine, process) is kept from being
@@ -48,8 +49,12 @@ func (b Backoff) Validate() error {
 	return nil
 }
 
-// next returns the interval that follows prev (0: no previous failure).
-func (b Backoff) next(prev time.Duration) time.Duration {
+// backoffPolicy is a Backoff as the batch engine computes with it.
+type backoffPolicy struct{ b Backoff }
+
+// Next returns the interval that follows prev (0: no previous failure).
+func (p backoffPolicy) Next(prev time.Duration) time.Duration {
+	b := p.b
 	if prev <= 0 {
 		return b.Initial
 	}
@@ -60,9 +65,9 @@ func (b Backoff) next(prev time.Duration) time.Duration {
 	return max(time.Duration(n), b.Initial)
 }
 
-// wait returns the jittered wait for interval d, given u uniform in [0, 1).
-func (b Backoff) wait(d time.Duration, u float64) time.Duration {
-	return d - time.Duration(float64(d)*b.Jitter*u)
+// Wait returns the jittered wait for interval d, given u uniform in [0, 1).
+func (p backoffPolicy) Wait(d time.Duration, u float64) time.Duration {
+	return d - time.Duration(float64(d)*p.b.Jitter*u)
 }
 
 // ClearBackoff is an operator's override: it deletes the backoff of
@@ -76,18 +81,19 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 		return err
 	}
 	reason = truncateCause(reason)
-	err := s.transact(ctx, serializable, func(tx *Tx) error {
-		n, err := tx.q.WorkBackoffDelete(ctx, store.WorkBackoffDeleteParams{MachineID: machine, Process: process})
+	err := s.transact(ctx, txn.Serializable, func(tx *Tx) error {
+		q := tx.t.Store()
+		n, err := q.WorkBackoffDelete(ctx, store.WorkBackoffDeleteParams{MachineID: machine, Process: process})
 		if err != nil {
 			return fmt.Errorf("bmdb: clearing backoff of %q on %s: %w", process, machine, err)
 		}
 		if n == 0 {
 			return fmt.Errorf("%w: %q on %s", ErrNoBackoff, process, machine)
 		}
-		err = tx.q.WorkHistoryInsert(ctx, store.WorkHistoryInsertParams{
+		err = q.WorkHistoryInsert(ctx, store.WorkHistoryInsertParams{
 			MachineID:     machine,
 			Process:       process,
-			SessionID:     s.id,
+			SessionID:     s.ID(),
 			Event:         store.WorkHistoryEventBackoffCleared,
 			FailedCause:   sql.NullString{String: reason, Valid: reason != ""},
 			ComponentName: sql.NullString{String: s.conn.cfg.ComponentName, Valid: true},
@@ -98,7 +104,7 @@ func (s *Session) ClearBackoff(ctx context.Context, machine uuid.UUID, process, 
 		return nil
 	})
 	if err == nil {
-		s.conn.stats.event(process, store.WorkHistoryEventBackoffCleared)
+		s.conn.counters.Event(process, store.WorkHistoryEventBackoffCleared)
 	}
 	return err
 }

@@ -28,12 +28,12 @@ func TestBackoffNext(t *testing.T) {
 		{100 * time.Millisecond, time.Second},                // stored under an older, smaller Initial
 		{time.Duration(math.MaxInt64 / 2), 10 * time.Second}, // no overflow
 	} {
-		if got := b.next(tc.prev); got != tc.want {
+		if got := (backoffPolicy{b}).Next(tc.prev); got != tc.want {
 			t.Errorf("next(%v) = %v, want %v", tc.prev, got, tc.want)
 		}
 	}
 	constant := Backoff{Initial: time.Second, Maximum: time.Minute, Exponent: 1}
-	if got := constant.next(time.Second); got != time.Second {
+	if got := (backoffPolicy{constant}).Next(time.Second); got != time.Second {
 		t.Errorf("Exponent 1: next(1s) = %v", got)
 	}
 }
@@ -44,11 +44,11 @@ func TestBackoffWait(t *testing.T) {
 		u    float64
 		want time.Duration
 	}{{0, 10 * time.Second}, {0.5, 7500 * time.Millisecond}, {0.999999, 5*time.Second + 5*time.Microsecond}} {
-		if got := b.wait(10*time.Second, tc.u); got != tc.want {
+		if got := (backoffPolicy{b}).Wait(10*time.Second, tc.u); got != tc.want {
 			t.Errorf("wait(10s, %v) = %v, want %v", tc.u, got, tc.want)
 		}
 	}
-	if got := testBackoff.wait(10*time.Second, 0.7); got != 10*time.Second {
+	if got := (backoffPolicy{testBackoff}).Wait(10*time.Second, 0.7); got != 10*time.Second {
 		t.Errorf("no jitter: wait = %v", got)
 	}
 }

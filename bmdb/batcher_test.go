@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.uber.org/goleak"
 
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 )
@@ -130,12 +131,7 @@ func batchEnv(t *testing.T) (*env, *Connection, *Session) {
 }
 
 // queued returns how many calls of s for process wait for a batch.
-func queued(s *Session, process string) int {
-	b := s.batcher(process)
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return len(b.waiting)
-}
+func queued(s *Session, process string) int { return s.claims.Waiting(process) }
 
 // startedPerTransaction returns the sizes of the session's claim
 // transactions, from the Started rows each wrote (grouped by the
@@ -494,10 +490,12 @@ func TestOneCallersContextFailsOnlyItsFinish(t *testing.T) {
 	}
 }
 
-// A session's Finish and Work calls for one process that wait together
-// share one transaction, the end first: the machine finished is free for
-// the claim, and a failing commit callback fails only its Finish while the
-// claim that shared its batch still commits.
+// A session's end and Work calls for one process that wait together
+// share one transaction, the end first: a machine canceled is free for
+// the claim (a machine finished is not: the retrieval, run before the
+// Finish's commit, did not see its result), and a failing commit callback
+// fails only its Finish while the claim that shared its batch still
+// commits.
 func TestEndsAndClaimsShareATransaction(t *testing.T) {
 	e, c, s := batchEnv(t)
 	a, b, x := e.machine(), e.machine(), e.machine()
@@ -522,34 +520,44 @@ func TestEndsAndClaimsShareATransaction(t *testing.T) {
 		return o
 	}
 
-	// Finish a, and claim a again in the same transaction: it is free by
+	// Cancel a, and claim a again in the same transaction: it is free by
 	// the time the claim runs.
-	o := run(func(ctx context.Context) error { return wa.Finish(ctx, tagCommit(a)) }, retrieveAll(a))
+	o := run(func(ctx context.Context) error { return wa.Cancel(ctx) }, retrieveAll(a))
 	if o.finishErr != nil || o.claimErr != nil {
-		t.Fatalf("Finish: %v; Work: %v", o.finishErr, o.claimErr)
+		t.Fatalf("Cancel: %v; Work: %v", o.finishErr, o.claimErr)
 	}
 	wb := o.claimed
-	if wb.Machine() != a || !e.tagged(a) {
-		t.Fatalf("claimed %s (tagged: %v), want %s claimed again after its Finish committed", wb.Machine(), e.tagged(a), a)
+	if wb.Machine() != a {
+		t.Fatalf("claimed %s, want %s claimed again after its Cancel", wb.Machine(), a)
 	}
 	if o.attempts != 1 { // after the held claim's attempt, one for both
-		t.Errorf("%d transaction attempts, want 1: the Finish and the Work in one", o.attempts)
+		t.Errorf("%d transaction attempts, want 1: the Cancel and the Work in one", o.attempts)
 	}
-	if got := e.events(a, s); !slicesEqual(got, "install:Started@1", "install:Finished@1", "install:Started@1") {
+	if got := e.events(a, s); !slicesEqual(got, "install:Started@1", "install:Canceled@1", "install:Started@1") {
 		t.Errorf("history of a = %v", got)
 	}
+	// Finish a, and ask for a again in the same transaction: its result is
+	// committed, and the claim does not take it again.
+	o = run(func(ctx context.Context) error { return wb.Finish(ctx, tagCommit(a)) }, retrieveAll(a))
+	if o.finishErr != nil || o.claimErr == nil || !e.tagged(a) {
+		t.Fatalf("Finish: %v; Work: %v, %v (tagged: %v); want the Finish, and no claim of a", o.finishErr, o.claimed, o.claimErr, e.tagged(a))
+	}
+	if wb, err = s.Work(context.Background(), "install", retrieveAll(b)); err != nil {
+		t.Fatal(err)
+	}
+	e.exec("DELETE FROM tag WHERE machine_id = $1", a)
 
 	// A failing commit callback fails only its Finish; the Work of the
-	// same batch claims b.
+	// same batch claims a.
 	boom := errors.New("boom")
 	o = run(func(ctx context.Context) error {
 		return wb.Finish(ctx, func(*Tx) error { return boom })
-	}, retrieveAll(b))
-	if !errors.Is(o.finishErr, boom) || o.claimErr != nil || o.claimed.Machine() != b {
-		t.Fatalf("Finish: %v (want boom); Work: %v, %v (want b)", o.finishErr, o.claimed, o.claimErr)
+	}, retrieveAll(a))
+	if !errors.Is(o.finishErr, boom) || o.claimErr != nil || o.claimed.Machine() != a {
+		t.Fatalf("Finish: %v (want boom); Work: %v, %v (want a)", o.finishErr, o.claimed, o.claimErr)
 	}
-	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", a); n != 1 {
-		t.Errorf("a has %d claims after its Finish failed, want 1 (still held)", n)
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", b); n != 1 {
+		t.Errorf("b has %d claims after its Finish failed, want 1 (still held)", n)
 	}
 	if err := wb.Finish(context.Background(), noCommit); err != nil {
 		t.Errorf("Finish after the failed one: %v", err)
@@ -565,7 +573,7 @@ func TestAmbiguousBatchWithAClaimHeldCommittedItsEnds(t *testing.T) {
 	c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval, c.MaxConcurrentBatches = time.Minute, 1 }) // PostgreSQL's commit (the hook)
 	var armed atomic.Bool
 	var pass atomic.Int32 // commits let through while armed
-	c.hooks.commit = func(tx *sql.Tx) error {
+	c.runner.Hooks.Commit = func(tx *sql.Tx) error {
 		if err := tx.Commit(); err != nil || !armed.Load() || pass.Add(-1) >= 0 {
 			return err
 		}
@@ -647,36 +655,41 @@ func TestPanickingCallbackPanicsOnlyItsCaller(t *testing.T) {
 	}
 }
 
-// A session's batchers exit with it: calls queued at its end, and later
-// ones, get its error.
-func TestBatcherExitsWithTheSession(t *testing.T) {
-	e := newWorkEnv(t)
+// A session starts one goroutine, its heartbeat, and Close waits for it:
+// its claims and ends run on their callers' goroutines. After Close,
+// calls get its error. Not parallel, so that the goroutines it counts are
+// its own.
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	e := serialEnv(t)
 	c := e.open(func(c *Config) { c.SessionInterval = 10 * time.Second })
 	exact(c)
+	before := goleak.IgnoreCurrent()
 	s, err := c.StartSession(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); err != nil {
+	var works []*Work
+	for range 3 {
+		w, err := s.Work(context.Background(), "install", retrieveAll(e.machine()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		works = append(works, w)
+	}
+	if err := works[0].Finish(context.Background(), noCommit); err != nil {
 		t.Fatal(err)
 	}
-	b := s.batcher("install")
 	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 5*time.Second, "the batcher exited", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		return b.closed != nil
-	})
-	b.mu.Lock()
-	closed := b.closed
-	b.mu.Unlock()
-	if !errors.Is(closed, ErrSessionClosed) {
-		t.Errorf("the batcher's reply to later requests = %v, want ErrSessionClosed", closed)
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("goroutines left after Close: %v", err)
 	}
 	if _, err := s.Work(context.Background(), "install", retrieveAll(e.machine())); !errors.Is(err, ErrSessionClosed) {
 		t.Errorf("Work after Close = %v, want ErrSessionClosed", err)
+	}
+	if err := works[1].Finish(context.Background(), noCommit); !errors.Is(err, ErrSessionClosed) {
+		t.Errorf("Finish after Close = %v, want ErrSessionClosed", err)
 	}
 }
 

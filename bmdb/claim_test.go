@@ -26,7 +26,7 @@ type commitGate struct {
 func gateCommits(t *testing.T, c *Connection, id *atomic.Pointer[uuid.UUID]) *commitGate {
 	g := &commitGate{held: make(chan struct{}), release: make(chan struct{})}
 	var arrived sync.Once
-	c.hooks.beforeCommit = func(session uuid.UUID) {
+	c.leaseHooks.BeforeCommit = func(session uuid.UUID) {
 		if p := id.Load(); p != nil && *p == session {
 			arrived.Do(func() { close(g.held) })
 			<-g.release

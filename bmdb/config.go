@@ -49,7 +49,11 @@ const (
 )
 
 // Config configures a Connection. Only DSN and ComponentName are required.
+// Its fields come in groups: identity and server, sessions, transactions,
+// batching, pool.
 type Config struct {
+	// Identity and server: what the component is, and where its database is.
+
 	// DSN is the lib/pq connection string, as a URL
 	// (postgres://user:password@host:port/db?sslmode=verify-full) or as
 	// key=value pairs. It is passed to the driver unchanged; bmdb never logs
@@ -69,11 +73,34 @@ type Config struct {
 	// go1.26.8".
 	RuntimeInfo string
 
+	// Application, if not nil, is the application's own schema, migrated
+	// (or checked) by Open after bmdb's (see migrations.NewApplication).
+	// Defaults to nil: bmdb's schema only.
+	Application *migrations.Application
+
+	// SkipMigrations, when true, makes Open only check that the database
+	// schema is exactly at the version this binary embeds (bmdb's, and the
+	// Application's), instead of migrating it up. Defaults to false
+	// (migrate on Open).
+	SkipMigrations bool
+
+	// Sessions: how soon a dead component's claims stop counting, and garbage collection.
+
 	// SessionInterval is a session's lifetime without a successful
 	// heartbeat. Heartbeats run every SessionInterval/2. Must be positive
 	// when set. Defaults to 5 s: a dead or partitioned component loses its
 	// claims within about this long.
 	SessionInterval time.Duration
+
+	// MaxClockOffset is the CockroachDB cluster's maximum clock offset
+	// (its --max-offset). A session there counts itself dead this much
+	// before one interval after its last heartbeat, because another node's
+	// clock may run ahead by up to this much and see the deadline pass
+	// early; so SessionInterval must be at least twice MaxClockOffset, or
+	// Open refuses it. Unused on PostgreSQL, whose one clock decides. Must
+	// not be negative. Defaults to 500 ms, the default --max-offset of a
+	// CockroachDB cluster.
+	MaxClockOffset time.Duration
 
 	// GCPeriod is how often each live session deletes sessions that expired
 	// more than GCGracePeriod ago (recording Abandoned history for their
@@ -97,16 +124,7 @@ type Config struct {
 	// negative; zero means the default. Defaults to SessionInterval.
 	GCGracePeriod time.Duration
 
-	// SkipMigrations, when true, makes Open only check that the database
-	// schema is exactly at the version this binary embeds (bmdb's, and the
-	// Application's), instead of migrating it up. Defaults to false
-	// (migrate on Open).
-	SkipMigrations bool
-
-	// Application, if not nil, is the application's own schema, migrated
-	// (or checked) by Open after bmdb's (see migrations.NewApplication).
-	// Defaults to nil: bmdb's schema only.
-	Application *migrations.Application
+	// Transactions: retries and bounds.
 
 	// MaxTxAttempts bounds the attempts of one transaction that keeps
 	// failing with serialization errors; then it returns
@@ -127,10 +145,6 @@ type Config struct {
 	// timestamp target, for the commit's round trip and the clocks' offset.
 	MaxTransactionDuration time.Duration
 
-	// MaxOpenConns bounds the connection pool (database/sql's
-	// SetMaxOpenConns). Must not be negative. Defaults to 0, no limit.
-	MaxOpenConns int
-
 	// SerializableBatches runs the batch transactions (the claims and
 	// ends of Work, WorkMany, Finish, Cancel and Fail) SERIALIZABLE on
 	// PostgreSQL, like Session.Transact: retrievals and commit callbacks
@@ -144,6 +158,14 @@ type Config struct {
 	// key). Defaults to false.
 	SerializableBatches bool
 
+	// Batching: how a session's claims and ends share transactions.
+
+	// MaxBatchSize bounds how many calls of a session for one process one
+	// batch serves (see "Batches" in the package doc). Must be in
+	// [1, MaxWorkMany]; 1 gives every call a transaction of its own. Defaults
+	// to 100.
+	MaxBatchSize int
+
 	// MaxConcurrentBatches bounds how many batch transactions of one
 	// session and process run at once, each on a connection of its own:
 	// when calls wait while a batch runs, the session's batcher starts
@@ -152,20 +174,14 @@ type Config struct {
 	// Defaults to 2.
 	MaxConcurrentBatches int
 
-	// WrapConnector, if not nil, wraps lib/pq's driver.Connector, under
-	// bmdb's driver wrapper, for each pool bmdb opens: the Connection's,
-	// and Open's migrations'. For tests that stand in for another server
-	// or inject its faults (cockroach mode is such a wrapper), or for
-	// instrumentation. The connector it returns must return lib/pq's
-	// connections, or forward every call to them (bmdb's wrapper above it
-	// bounds each call by its context, cutting the socket when it ends,
-	// and applies the server-side timeouts). Defaults to nil: lib/pq's
-	// connector as it is.
-	WrapConnector func(driver.Connector) driver.Connector
+	// Pool and connections.
 
-	// Metrics receives the connection's Prometheus metrics (see
-	// NewMetrics). Defaults to nil: metrics are kept but exported nowhere.
-	Metrics *Metrics
+	// MaxOpenConns bounds the connection pool (database/sql's
+	// SetMaxOpenConns). Must not be negative; Open migrates only with 0 or
+	// at least 2 (see migrations.Migrator), and refuses 1 with
+	// ErrInvalidArgument when there is something to migrate. Defaults to
+	// 0, no limit.
+	MaxOpenConns int
 
 	// MaxIdleConns is the number of idle pooled connections kept (database/sql's
 	// SetMaxIdleConns). Must not be negative. Defaults to 32.
@@ -179,22 +195,6 @@ type Config struct {
 	// context are cut when it ends, whatever this says. Must not be
 	// negative. Defaults to 2*SessionInterval, at least a second.
 	NetworkTimeout time.Duration
-
-	// MaxClockOffset is the CockroachDB cluster's maximum clock offset
-	// (its --max-offset). A session there counts itself dead this much
-	// before one interval after its last heartbeat, because another node's
-	// clock may run ahead by up to this much and see the deadline pass
-	// early; so SessionInterval must be at least twice MaxClockOffset, or
-	// Open refuses it. Unused on PostgreSQL, whose one clock decides. Must
-	// not be negative. Defaults to 500 ms, the default --max-offset of a
-	// CockroachDB cluster.
-	MaxClockOffset time.Duration
-
-	// MaxBatchSize bounds how many calls of a session for one process one
-	// batch serves (see "Batches" in the package doc). Must be in
-	// [1, MaxWorkMany]; 1 gives every call a transaction of its own. Defaults
-	// to 100.
-	MaxBatchSize int
 
 	// StatementCacheSize is how many statements with parameters each
 	// pooled connection keeps prepared, least recently used first out:
@@ -211,6 +211,21 @@ type Config struct {
 	// prepared (bmdb's own are prepared whatever this says); 0 means
 	// 128. At most 10000.
 	StatementCacheSize int
+
+	// WrapConnector, if not nil, wraps lib/pq's driver.Connector, under
+	// bmdb's driver wrapper, for the Connection's pool (Open's migrations
+	// run on it too). For tests that stand in for another server
+	// or inject its faults (cockroach mode is such a wrapper), or for
+	// instrumentation. The connector it returns must return lib/pq's
+	// connections, or forward every call to them (bmdb's wrapper above it
+	// bounds each call by its context, cutting the socket when it ends,
+	// and applies the server-side timeouts). Defaults to nil: lib/pq's
+	// connector as it is.
+	WrapConnector func(driver.Connector) driver.Connector
+
+	// Metrics receives the connection's Prometheus metrics (see
+	// NewMetrics). Defaults to nil: metrics are kept but exported nowhere.
+	Metrics *Metrics
 }
 
 // withDefaults returns c with every unset field at its default.

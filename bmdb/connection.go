@@ -3,18 +3,16 @@ package bmdb
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"k8s.io/klog/v2"
 
+	"github.com/bmdb-dev/bmdb/internal/counters"
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
-	"github.com/bmdb-dev/bmdb/internal/migrationhook"
-	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/lease"
+	"github.com/bmdb-dev/bmdb/internal/txn"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
@@ -42,35 +40,20 @@ type Connection struct {
 	engine engine
 	// settings are the server-side bounds of the pool's connections.
 	settings connSettings
-	stats    counters // what it did: Stats, and metrics
-	metrics  *Metrics // where its histograms are observed, and its counters exported
-	hooks    testHooks
-	// prepared holds every model query prepared on the pool (once per
-	// pooled connection): a transaction's statements skip parsing and
-	// planning, and run in one round trip each.
-	prepared *store.Queries
+	counters *counters.Counters // what it did: Stats, and metrics
+	metrics  *Metrics           // where its histograms are observed, and its counters exported
+	// runner runs every transaction (package txn); collector its GC
+	// passes (package lease).
+	runner    *txn.Runner
+	collector *lease.Collector
+	// leaseHooks let tests inside this package inject faults into its
+	// sessions (lease.Hooks); zero means none.
+	leaseHooks lease.Hooks
 	// batchTx is the isolation of batch transactions (Config.SerializableBatches)
 	// on PostgreSQL; CockroachDB's are SERIALIZABLE. Set by Open.
 	batchTx *sql.TxOptions
 
 	closeOnce sync.Once
-	closed    atomic.Bool
-}
-
-// testHooks let tests inside this package inject faults. Zero means none.
-type testHooks struct {
-	// beforePoke runs before every heartbeat attempt; a non-nil error fails
-	// that attempt as if the database had returned it.
-	beforePoke func(ctx context.Context) error
-	// commit, if set, commits tx in place of tx.Commit, e.g. to report a
-	// connection failure for a COMMIT that did or did not happen.
-	commit func(tx *sql.Tx) error
-	// afterSessionCheck runs inside every session transaction right after
-	// its session check, e.g. to hold one there while another commits.
-	afterSessionCheck func(session uuid.UUID)
-	// beforeCommit runs inside every session transaction after its last
-	// liveness check, right before COMMIT (RELEASE on CockroachDB).
-	beforeCommit func(session uuid.UUID)
 }
 
 // Open connects to the database in cfg.DSN, detects whether it is
@@ -112,16 +95,17 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if metrics == nil {
 		metrics, _ = NewMetrics(nil) // cannot fail without a registerer
 	}
-	c := &Connection{cfg: cfg, db: db, settings: settings, metrics: metrics}
-	metrics.add(cfg.ComponentName, &c.stats)
+	c := &Connection{cfg: cfg, db: db, settings: settings, metrics: metrics, counters: &counters.Counters{}}
+	metrics.add(cfg.ComponentName, c.counters)
 	if err := c.setUp(ctx); err != nil {
 		db.Close()
 		return nil, err
 	}
-	if c.prepared, err = store.Prepare(ctx, db); err != nil {
-		db.Close()
-		return nil, fmt.Errorf("bmdb: preparing statements: %w", redactError(contextError(ctx, err), cfg.DSN))
+	c.runner = &txn.Runner{
+		DB: db, Cockroach: c.engine == engineCockroach, MaxAttempts: cfg.MaxTxAttempts,
+		MaxAttemptDuration: cfg.MaxTransactionDuration, Counters: c.counters,
 	}
+	c.collector = &lease.Collector{Runner: c.runner, Grace: cfg.GCGracePeriod}
 	klog.V(1).Infof("bmdb: component %q connected to %s at %s", cfg.ComponentName, c.engineName(), redactDSN(cfg.DSN))
 	return c, nil
 }
@@ -148,21 +132,24 @@ func (c *Connection) setUp(ctx context.Context) error {
 	if c.engine == engineCockroach && c.cfg.SessionInterval < 2*c.cfg.MaxClockOffset {
 		return invalidArgument("Config.SessionInterval is %v: on CockroachDB it must be at least twice Config.MaxClockOffset (%v), or less than half of it would be usable", c.cfg.SessionInterval, c.cfg.MaxClockOffset)
 	}
-	c.batchTx = serializable
+	c.batchTx = txn.Serializable
 	if c.engine == enginePostgres && !c.cfg.SerializableBatches {
-		c.batchTx = snapshot
+		c.batchTx = txn.Snapshot
 	}
 	if c.engine == engineCockroach {
 		c.logClusterSettings(ctx)
 	}
-	// The schemas (package migrations), read on this pool, with the engine
-	// detected and this Connection's cockroach mode.
+	// The schemas (package migrations), on this Connection's pool.
 	info := c.cfg.ComponentName + " (" + c.cfg.RuntimeInfo + ")" // RuntimeInfo has its default
-	m, err := migrations.New(c.cfg.DSN, &migrations.Config{Application: c.cfg.Application, HolderInfo: truncateCause(info), NetworkTimeout: c.cfg.NetworkTimeout})
-	if err != nil {
-		return err
+	m, err := migrations.New(c.db, &migrations.Config{Application: c.cfg.Application, HolderInfo: truncateCause(info)})
+	switch {
+	case err != nil:
+	case c.cfg.SkipMigrations:
+		err = m.Check(ctx)
+	default:
+		_, err = m.Up(ctx)
 	}
-	return migrationhook.Open(ctx, m, migrationhook.Options{DB: c.db, Wrap: c.cfg.WrapConnector, Cockroach: c.engine == engineCockroach, Apply: !c.cfg.SkipMigrations})
+	return redactError(err, c.cfg.DSN)
 }
 
 // Cluster settings bmdb's reasoning on CockroachDB depends on, which it
@@ -239,11 +226,14 @@ func detectEngine(ctx context.Context, db *sql.DB, dsn string) (engine, error) {
 func (c *Connection) Close() error {
 	var err error
 	c.closeOnce.Do(func() {
-		c.closed.Store(true)
-		err = errors.Join(c.prepared.Close(), c.db.Close())
+		c.runner.Closed.Store(true)
+		err = c.db.Close()
 	})
 	return err
 }
+
+// closed reports whether Close was called.
+func (c *Connection) closed() bool { return c.runner.Closed.Load() }
 
 // DB returns the connection's pool, for reads outside any session (progress
 // displays, operators' queries). Writes belong in Session.Transact, which

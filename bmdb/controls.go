@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 	"unicode"
 
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/txn"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
@@ -27,6 +29,15 @@ type ControlChange struct {
 	By string
 	// Reason is why, free text, truncated as Fail's cause is.
 	Reason string
+}
+
+// validate returns an error wrapping ErrInvalidArgument if ch.By is not
+// at most maxControlByLength bytes of printable UTF-8.
+func (ch ControlChange) validate() error {
+	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
+	}
+	return nil
 }
 
 // The actions of process_control_history.
@@ -95,6 +106,49 @@ func (s *Session) CapProcess(ctx context.Context, process string, n int, ch Cont
 	})
 }
 
+// DeleteProcessControls deletes the controls row of process, and its
+// claim slots, for an operator taking a process off the fleet controls
+// (one that no longer runs, or a mistyped name an operator paused). This
+// lifts a pause or a cap of process: from the moment it returns nil,
+// claims of process commit as if it had never been controlled, and the
+// next one makes a fresh controls row, running without a cap, as a
+// process's first claim does. Claims held go on and end normally; its
+// transaction waits for the claims of process in flight, as PauseProcess's
+// does. The deletion is recorded, with ch, in process_control_history
+// (action delete, with the cap the row had). It reports whether process
+// had controls (false: nothing was deleted or recorded). process must pass
+// ValidateProcess, and ch.By its bounds (else ErrInvalidArgument); other
+// errors are Transact's. Deleting a pause or a cap is the caller's
+// decision: bmdbctl and package web ask the operator to say so.
+func (s *Session) DeleteProcessControls(ctx context.Context, process string, ch ControlChange) (deleted bool, err error) {
+	if err := ValidateProcess(process); err != nil {
+		return false, err
+	}
+	if err := ch.validate(); err != nil {
+		return false, err
+	}
+	err = s.transact(ctx, txn.ReadCommitted, func(tx *Tx) error {
+		deleted = false
+		q := tx.t.Store()
+		_, err := q.ProcessControlDelete(ctx, store.ProcessControlDeleteParams{
+			Process: process, Actor: cmp.Or(ch.By, s.conn.cfg.ComponentName),
+			RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: truncateCause(ch.Reason),
+		})
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil
+		case err != nil:
+			return fmt.Errorf("bmdb: deleting the controls of %q: %w", process, err)
+		}
+		deleted = true
+		if _, err := q.ProcessSlotsDelete(ctx, process); err != nil {
+			return fmt.Errorf("bmdb: deleting the claim slots of %q: %w", process, err)
+		}
+		return nil
+	})
+	return deleted, err
+}
+
 // control changes the controls of process to what change returns given
 // the current ones, in one session transaction, and records the change
 // with action unless it changes nothing. A new cap gives the claims held
@@ -106,15 +160,16 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 	if err := ValidateProcess(process); err != nil {
 		return false, err
 	}
-	if len(ch.By) > maxControlByLength || !validText(ch.By) || strings.IndexFunc(ch.By, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
-		return false, invalidArgument("ControlChange.By %q: must be at most %d bytes of printable UTF-8", ch.By, maxControlByLength)
+	if err := ch.validate(); err != nil {
+		return false, err
 	}
 	by := cmp.Or(ch.By, s.conn.cfg.ComponentName)
 	reason := truncateCause(ch.Reason)
 	var changed bool
 	var restricts bool // the change may keep a claim that read the old controls from being allowed
-	err := s.transact(ctx, readCommitted, func(tx *Tx) error {
-		cur, err := tx.q.ProcessControlLock(ctx, process)
+	err := s.transact(ctx, txn.ReadCommitted, func(tx *Tx) error {
+		q := tx.t.Store()
+		cur, err := q.ProcessControlLock(ctx, process)
 		if err != nil {
 			return fmt.Errorf("bmdb: locking the controls of %q: %w", process, err)
 		}
@@ -125,15 +180,15 @@ func (s *Session) control(ctx context.Context, process string, ch ControlChange,
 			return nil
 		}
 		if cap.Valid {
-			err := tx.q.ProcessSlotsEnsure(ctx, store.ProcessSlotsEnsureParams{Process: process, ClaimCap: cap.Int64})
+			err := q.ProcessSlotsEnsure(ctx, store.ProcessSlotsEnsureParams{Process: process, ClaimCap: cap.Int64})
 			if err != nil {
 				return fmt.Errorf("bmdb: making the claim slots of %q: %w", process, err)
 			}
-			if _, err := tx.q.WorkSlotsAssign(ctx, process); err != nil {
+			if _, err := q.WorkSlotsAssign(ctx, process); err != nil {
 				return fmt.Errorf("bmdb: giving the claims of %q slots: %w", process, err)
 			}
 		}
-		err = tx.q.ProcessControlSet(ctx, store.ProcessControlSetParams{
+		err = q.ProcessControlSet(ctx, store.ProcessControlSetParams{
 			Process: process, Paused: paused, ClaimCap: cap, Action: action,
 			Actor: by, RuntimeInfo: s.conn.cfg.RuntimeInfo, Reason: reason,
 		})
@@ -158,18 +213,6 @@ func (s *Session) waitOutClaims(ctx context.Context, process string) error {
 	}
 	if err := wait.Sleep(ctx, d+s.conn.cfg.MaxClockOffset); err != nil {
 		return fmt.Errorf("bmdb: the controls of %q changed, but waiting out the claims that read them before: %w", process, err)
-	}
-	return nil
-}
-
-// ensureControls makes the controls row of process (running, no cap) if
-// it has none, outside any transaction: every claim of process reads it.
-func (s *Session) ensureControls(ctx context.Context, process string) error {
-	err := s.autocommit(ctx, func(ctx context.Context) error {
-		return s.conn.prepared.ProcessControlEnsure(ctx, process)
-	})
-	if err != nil {
-		return fmt.Errorf("making the controls row of %q: %w", process, err)
 	}
 	return nil
 }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // Fleet controls (issue 26): pauses and caps, enforced by the claim
@@ -177,13 +179,25 @@ func TestPauseIsExactUnderRacingClaims(t *testing.T) {
 		t.Fatal(err)
 	}
 	paused.Store(true)
+	var returnedAt time.Time
+	if err := e.db.QueryRow("SELECT clock_timestamp()").Scan(&returnedAt); err != nil {
+		t.Fatal(err)
+	}
 	<-racing
 	var pausedAt time.Time
 	if err := e.db.QueryRow("SELECT changed_at FROM process_controls WHERE process = 'install'").Scan(&pausedAt); err != nil {
 		t.Fatal(err)
 	}
-	if n := e.count("SELECT count(*) FROM work_history WHERE process = 'install' AND event = 'Started' AND at >= $1", pausedAt); n != 0 {
-		t.Errorf("%d claims started at or after the pause", n)
+	// On PostgreSQL a claim waits for the pause (FOR SHARE) and is dated
+	// before its change; on CockroachDB a claim that read the controls
+	// before the change is serialized before it and may be dated after it,
+	// but not after PauseProcess returned (it waits such claims out).
+	exactFrom, what := pausedAt, "the pause's change"
+	if testdb.Cockroach() || testdb.CockroachMode() {
+		exactFrom, what = returnedAt, "PauseProcess returned"
+	}
+	if n := e.count("SELECT count(*) FROM work_history WHERE process = 'install' AND event = 'Started' AND at >= $1", exactFrom); n != 0 {
+		t.Errorf("%d claims started at or after %s", n, what)
 	}
 	if n := e.count("SELECT count(*) FROM work"); n != 0 {
 		t.Errorf("%d claims left: every held claim should have finished", n)
@@ -548,5 +562,87 @@ func TestCapCountsClaimsMadeBeforeIt(t *testing.T) {
 	}
 	if _, err := s.Work(context.Background(), "install", retrieveAll(spare)); err != nil {
 		t.Fatalf("Work below the cap: %v", err)
+	}
+}
+
+// DeleteProcessControls deletes a paused, capped process's controls row
+// and its slots, records it, and so lifts the pause and the cap: a claim
+// held goes on and ends normally, the next claim makes a fresh row
+// (running, no cap), and a new cap counts the claims again.
+func TestDeleteProcessControls(t *testing.T) {
+	e := newWorkEnv(t)
+	ctx := context.Background()
+	op := e.session(e.open(operator))
+	s := e.session(e.open(steady))
+	held, err := s.Work(ctx, "install", retrieveAll(e.machine()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.CapProcess(ctx, "install", 2, ControlChange{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.PauseProcess(ctx, "install", ControlChange{}); err != nil {
+		t.Fatal(err)
+	}
+	m := e.machine()
+	if _, err := s.Work(ctx, "install", retrieveAll(m)); !errors.Is(err, ErrProcessPaused) {
+		t.Fatalf("Work while paused = %v, want ErrProcessPaused", err)
+	}
+	deleted, err := op.DeleteProcessControls(ctx, "install", ControlChange{By: "alice", Reason: "retired"})
+	if err != nil || !deleted {
+		t.Fatalf("DeleteProcessControls = %v, %v; want deleted", deleted, err)
+	}
+	if n := e.count("SELECT count(*) FROM process_controls WHERE process = 'install'"); n != 0 {
+		t.Errorf("%d controls rows left", n)
+	}
+	if n := e.count("SELECT count(*) FROM process_slots WHERE process = 'install'"); n != 0 {
+		t.Errorf("%d slot rows left", n)
+	}
+	if n := e.count(`SELECT count(*) FROM process_control_history
+		WHERE process = 'install' AND action = 'delete' AND claim_cap = 2 AND actor = 'alice' AND reason = 'retired' AND runtime_info <> ''`); n != 1 {
+		t.Errorf("the deletion is not recorded with its cap, who and why")
+	}
+	// The pause and the cap are lifted: claims commit, beyond the old cap.
+	var works []*Work
+	for _, id := range []uuid.UUID{m, e.machine(), e.machine()} {
+		w, err := s.Work(ctx, "install", retrieveAll(id))
+		if err != nil {
+			t.Fatalf("Work after the deletion: %v", err)
+		}
+		works = append(works, w)
+	}
+	if n := e.count("SELECT count(*) FROM process_controls WHERE process = 'install' AND NOT paused AND claim_cap IS NULL"); n != 1 {
+		t.Errorf("the next claim did not make a fresh controls row, running without a cap")
+	}
+	if err := held.Finish(ctx, tagCommit(held.Machine())); err != nil {
+		t.Errorf("Finish of a claim held across the deletion: %v", err)
+	}
+	// A new cap counts the claims held (3): none starts until fewer are.
+	if _, err := op.CapProcess(ctx, "install", 3, ControlChange{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Work(ctx, "install", retrieveAll(e.machine())); !errors.Is(err, ErrCapReached) {
+		t.Errorf("Work at the new cap = %v, want ErrCapReached", err)
+	}
+	if err := works[0].Finish(ctx, tagCommit(works[0].Machine())); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Work(ctx, "install", retrieveAll(e.machine())); err != nil {
+		t.Errorf("Work below the new cap: %v", err)
+	}
+	// Nothing to delete: nothing recorded.
+	if deleted, err := op.DeleteProcessControls(ctx, "never-claimed", ControlChange{}); err != nil || deleted {
+		t.Errorf("DeleteProcessControls of a process without controls = %v, %v", deleted, err)
+	}
+	if n := e.count("SELECT count(*) FROM process_control_history WHERE process = 'never-claimed'"); n != 0 {
+		t.Errorf("a deletion of nothing is recorded")
+	}
+	for _, p := range []string{"", "a\nb"} {
+		if _, err := op.DeleteProcessControls(ctx, p, ControlChange{}); !errors.Is(err, ErrInvalidArgument) {
+			t.Errorf("DeleteProcessControls(%q) = %v, want ErrInvalidArgument", p, err)
+		}
+	}
+	if _, err := op.DeleteProcessControls(ctx, "install", ControlChange{By: "a\x00b"}); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "ControlChange.By") {
+		t.Errorf("DeleteProcessControls by a bad name = %v, want ErrInvalidArgument naming ControlChange.By", err)
 	}
 }

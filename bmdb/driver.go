@@ -26,8 +26,6 @@ const (
 	codeStatementCompletionUnknown = dbconn.CodeStatementCompletionUnknown
 )
 
-var errStaleStatement = dbconn.ErrStaleStatement
-
 // newConnector is dbconn.NewConnector, whose malformed DSN is an invalid
 // argument.
 func newConnector(dsn string, networkTimeout time.Duration, settings connSettings, wrap func(driver.Connector) driver.Connector) (*connector, error) {
@@ -44,7 +42,6 @@ func malformedDSN(err error) error {
 	return invalidArgument("Config.DSN is malformed: %s", strings.TrimPrefix(err.Error(), dbconn.ErrMalformedDSN.Error()+": "))
 }
 
-func isRetryable(err error) bool                        { return dbconn.IsRetryable(err) }
 func sqlState(err error) string                         { return dbconn.SQLState(err) }
 func contextError(ctx context.Context, err error) error { return dbconn.ContextError(ctx, err) }
 func redactDSN(dsn string) string                       { return dbconn.RedactDSN(dsn) }

@@ -1,55 +1,60 @@
 package bmdb
 
 import (
-	"database/sql/driver"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
-	"syscall"
 
 	"github.com/lib/pq"
+
+	"github.com/bmdb-dev/bmdb/internal/claims"
+	"github.com/bmdb-dev/bmdb/internal/lease"
+	"github.com/bmdb-dev/bmdb/internal/txn"
+	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // Sentinel errors. Every error bmdb returns that callers may want to act on
 // wraps one of these (or is a typed error whose Is method matches one), so
-// check them with errors.Is.
+// check them with errors.Is. Most are defined by the internal room that
+// returns them (the transaction runner, the lease, the batch engine) and
+// are exported here, the same values.
 var (
 	// ErrInvalidArgument is wrapped by every error about bad input: an empty
 	// or over-long name, a non-positive interval, a nil callback, a malformed
-	// DSN. The message names the offending argument or Config field.
-	ErrInvalidArgument = errors.New("bmdb: invalid argument")
+	// DSN. The message names the offending argument or Config field. It is
+	// migrations.ErrInvalidArgument, one value under two names: an Open
+	// refused by package migrations matches either.
+	ErrInvalidArgument = migrations.ErrInvalidArgument
 
 	// ErrConnectionClosed is returned by methods of a Connection after Close.
-	ErrConnectionClosed = errors.New("bmdb: connection closed")
+	ErrConnectionClosed = txn.ErrConnectionClosed
 
 	// ErrSessionExpired means the session is no longer alive: its deadline
 	// passed on the database clock, or its heartbeat could not extend it for
 	// a whole interval. Nothing of a transaction that returns it committed.
-	ErrSessionExpired = errors.New("bmdb: session expired")
+	ErrSessionExpired = lease.ErrSessionExpired
 
 	// ErrSessionClosed is returned by methods of a Session after Close.
-	ErrSessionClosed = errors.New("bmdb: session closed")
+	ErrSessionClosed = lease.ErrSessionClosed
 
 	// ErrWorkConflict means every candidate the retrieval returned is claimed
 	// for the process by another live session.
-	ErrWorkConflict = errors.New("bmdb: work conflict: machine already claimed by a live session")
+	ErrWorkConflict = claims.ErrWorkConflict
 
 	// ErrNothingToDo means the retrieval returned no candidate, or only
 	// candidates that are in backoff for the process.
-	ErrNothingToDo = errors.New("bmdb: nothing to do")
+	ErrNothingToDo = claims.ErrNothingToDo
 
 	// ErrProcessPaused means the process is paused fleet-wide
 	// (Session.PauseProcess): Work claims nothing until it is resumed.
 	// It wraps ErrNothingToDo, so that code that waits on that waits on a
 	// pause too; check it first to tell the two apart.
-	ErrProcessPaused = fmt.Errorf("%w: process paused", ErrNothingToDo)
+	ErrProcessPaused = claims.ErrProcessPaused
 
 	// ErrCapReached means the process has as many live claims as its cap
 	// allows (Session.CapProcess), fleet-wide: Work claims nothing until one
 	// ends. It wraps ErrNothingToDo, as ErrProcessPaused does.
-	ErrCapReached = fmt.Errorf("%w: process at its cap of live claims", ErrNothingToDo)
+	ErrCapReached = claims.ErrCapReached
 
 	// ErrWorkDone is returned by Finish, Cancel and Fail once the Work has
 	// ended.
@@ -58,11 +63,11 @@ var (
 	// ErrWorkLost means the session no longer holds the claim: it was taken
 	// over after the session expired, or removed with the session. The
 	// Finish, Cancel or Fail that returns it did not take effect.
-	ErrWorkLost = errors.New("bmdb: work claim lost")
+	ErrWorkLost = claims.ErrWorkLost
 
 	// ErrUnknownMachine means a retrieval returned a machine id that is not
 	// in the machines table.
-	ErrUnknownMachine = errors.New("bmdb: unknown machine")
+	ErrUnknownMachine = claims.ErrUnknownMachine
 
 	// ErrNoBackoff means ClearBackoff found no backoff to clear.
 	ErrNoBackoff = errors.New("bmdb: no backoff")
@@ -70,7 +75,7 @@ var (
 	// ErrRetriesExhausted means a transaction kept failing with retryable
 	// errors (serialization failures, or a connection that failed before
 	// COMMIT); it is wrapped by *RetriesExhaustedError.
-	ErrRetriesExhausted = errors.New("bmdb: transaction retries exhausted")
+	ErrRetriesExhausted = txn.ErrRetriesExhausted
 
 	// ErrTransactionTooLong means a transaction attempt on CockroachDB ran
 	// longer than Config.MaxTransactionDuration before its commit: it was
@@ -78,47 +83,20 @@ var (
 	// an attempt as long would likely fail its read refresh (see
 	// Config.MaxTransactionDuration). Shorten the callback: retrieve fewer
 	// candidates, do slow work outside the transaction.
-	ErrTransactionTooLong = errors.New("bmdb: transaction ran longer than Config.MaxTransactionDuration")
+	ErrTransactionTooLong = txn.ErrTransactionTooLong
 
 	// ErrAmbiguousCommit means the connection failed while COMMIT was in
 	// flight: the transaction may or may not have committed. bmdb does not
 	// retry it. For a Work, the claim tells: a later Cancel either succeeds
 	// (nothing committed) or returns ErrWorkLost.
-	ErrAmbiguousCommit = errors.New("bmdb: commit outcome unknown: connection failed during COMMIT")
+	ErrAmbiguousCommit = txn.ErrAmbiguousCommit
 )
 
 // RetriesExhaustedError reports a transaction given up after Attempts
 // attempts, each failing with a serialization error or a connection failure
 // before COMMIT; Last is the last of them. errors.Is(err,
 // ErrRetriesExhausted) holds.
-type RetriesExhaustedError struct {
-	Attempts int
-	Last     error
-}
-
-func (e *RetriesExhaustedError) Error() string {
-	return fmt.Sprintf("%v after %d attempts: %v", ErrRetriesExhausted, e.Attempts, e.Last)
-}
-
-// Unwrap returns ErrRetriesExhausted and the last serialization error.
-func (e *RetriesExhaustedError) Unwrap() []error { return []error{ErrRetriesExhausted, e.Last} }
-
-// isConnectionError reports whether err says the connection to the
-// database failed (as opposed to the database refusing a statement): then
-// the server has rolled back whatever transaction was open on it.
-func isConnectionError(err error) bool {
-	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE) {
-		return true
-	}
-	var netErr *net.OpError
-	if errors.As(err, &netErr) {
-		return true
-	}
-	code := sqlState(err)
-	return strings.HasPrefix(code, "08") || // connection exception
-		code == "57P01" || code == "57P02" || code == "57P03" // admin/crash shutdown, cannot connect now
-}
+type RetriesExhaustedError = txn.RetriesExhaustedError
 
 // withConnectHint adds to a failed first connection what to change in the
 // DSN, for the failures whose fix is known: lib/pq asks for TLS unless the

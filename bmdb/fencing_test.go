@@ -221,12 +221,12 @@ func runChild(mode string) int {
 	case "transact":
 		err = s.Transact(ctx, inCallback)
 	case "transact-before-commit":
-		c.hooks.beforeCommit = func(uuid.UUID) { stall() }
+		c.leaseHooks.BeforeCommit = func(uuid.UUID) { stall() }
 		err = s.Transact(ctx, effect)
 	case "finish":
 		err = w.Finish(ctx, inCallback)
 	case "finish-before-commit":
-		c.hooks.beforeCommit = func(uuid.UUID) { stall() }
+		c.leaseHooks.BeforeCommit = func(uuid.UUID) { stall() }
 		err = w.Finish(ctx, effect)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
@@ -369,7 +369,7 @@ func TestPartitionBeforeCommitFencesFinish(t *testing.T) {
 		t.Fatal(err)
 	}
 	var once sync.Once
-	ca.hooks.beforeCommit = func(id uuid.UUID) {
+	ca.leaseHooks.BeforeCommit = func(id uuid.UUID) {
 		if id == sa.ID() {
 			once.Do(func() { p.Cut(true) })
 		}

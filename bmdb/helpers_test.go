@@ -47,6 +47,13 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	t.Parallel()
+	return serialEnv(t)
+}
+
+// serialEnv is newEnv for a test that does not run in parallel with
+// others (one that counts goroutines, say).
+func serialEnv(t *testing.T) *env {
+	t.Helper()
 	dsn := testdb.New(t)
 	db, err := sql.Open("postgres", dsn)
 	if err != nil {

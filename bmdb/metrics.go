@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/bmdb-dev/bmdb/internal/counters"
 )
 
 // Metrics are bmdb's Prometheus collectors. Create them once per registry
@@ -42,7 +44,7 @@ type Metrics struct {
 // metricSource is a Connection's counters under its component name.
 type metricSource struct {
 	component string
-	c         *counters
+	c         *counters.Counters
 }
 
 // NewMetrics creates bmdb's collectors and registers them with reg. It
@@ -68,7 +70,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 }
 
 // add makes c's counters part of the metrics, under component.
-func (m *Metrics) add(component string, c *counters) {
+func (m *Metrics) add(component string, c *counters.Counters) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.conns = append(m.conns, &metricSource{component: component, c: c})
@@ -139,29 +141,29 @@ func (cc *countersCollector) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Unlock()
 	for _, src := range conns {
 		c, comp := src.c, src.component
-		add(descSessionsStarted, c.sessionsStarted.Load(), comp)
-		add(descSessionsExpired, c.sessionsExpired.Load(), comp)
-		add(descHeartbeatFailures, c.heartbeatFailures.Load(), comp)
-		add(descTxAttempts, c.attempts.Load(), comp)
-		for r := range retryReasons {
-			add(descTxRetries, c.retries[r].Load(), comp, r.String())
+		add(descSessionsStarted, c.SessionsStarted.Load(), comp)
+		add(descSessionsExpired, c.SessionsExpired.Load(), comp)
+		add(descHeartbeatFailures, c.HeartbeatFailures.Load(), comp)
+		add(descTxAttempts, c.Attempts.Load(), comp)
+		for r := range counters.RetryReasons {
+			add(descTxRetries, c.Retries[r].Load(), comp, r.String())
 		}
-		c.eachProcess(func(process string, p *processCounters) {
-			for i, e := range historyEvents {
-				if n := p.events[i].Load(); n > 0 {
+		c.EachProcess(func(process string, p *counters.Process) {
+			for i, e := range counters.HistoryEvents {
+				if n := p.Events[i].Load(); n > 0 {
 					add(descWorkEvents, n, comp, process, string(e))
 				}
 			}
-			add(descWorkConflicts, p.conflicts.Load(), comp, process)
-			add(descWorkNothing, p.nothing.Load(), comp, process)
-			add(descWorkPaused, p.paused.Load(), comp, process)
-			add(descWorkCapped, p.capped.Load(), comp, process)
-			add(descWorkAsked, p.asked.Load(), comp, process)
-			add(descClaimsStale, p.stale.Load(), comp, process)
-			add(descBackoffs, p.backoffs.Load(), comp, process)
-			if p.controlsSeen.Load() {
-				add(descProcessPaused, p.pausedNow.Load(), comp, process)
-				add(descProcessCap, p.capNow.Load(), comp, process)
+			add(descWorkConflicts, p.Conflicts.Load(), comp, process)
+			add(descWorkNothing, p.Nothing.Load(), comp, process)
+			add(descWorkPaused, p.Paused.Load(), comp, process)
+			add(descWorkCapped, p.Capped.Load(), comp, process)
+			add(descWorkAsked, p.Asked.Load(), comp, process)
+			add(descClaimsStale, p.Stale.Load(), comp, process)
+			add(descBackoffs, p.Backoffs.Load(), comp, process)
+			if p.ControlsSeen.Load() {
+				add(descProcessPaused, p.PausedNow.Load(), comp, process)
+				add(descProcessCap, p.CapNow.Load(), comp, process)
 			}
 		})
 	}

@@ -3,9 +3,12 @@ package bmdb
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
@@ -34,14 +37,31 @@ func tables(t *testing.T, db *sql.DB) int {
 	return n
 }
 
-// schemaVersion returns the version of schema in the database at dsn.
-func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
+// migrator returns a Migrator of the database at dsn in cockroach mode s,
+// on a pool of its own, closed at cleanup.
+func migrator(t *testing.T, dsn string, s crdbmode.Settings) *migrations.Migrator {
 	t.Helper()
-	m, err := migrations.New(dsn, nil)
+	var wrap func(driver.Connector) driver.Connector
+	if s.Enabled {
+		wrap = testdb.EmulatorWith(s).Wrap
+	}
+	connector, err := newConnector(dsn, 10*time.Second, connSettings{}, wrap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	versions, err := m.Versions(context.Background())
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { db.Close() })
+	m, err := migrations.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// schemaVersion returns the version of schema in the database at dsn.
+func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
+	t.Helper()
+	versions, err := migrator(t, dsn, crdbmode.Settings{}).Versions(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,15 +78,12 @@ func schemaVersion(t *testing.T, dsn, schema string) migrations.SchemaVersion {
 func migrateBmdbTo(t *testing.T, dsn string, version uint) {
 	t.Helper()
 	ctx := context.Background()
-	m, err := migrations.New(dsn, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.Up(ctx); err != nil {
+	m := migrator(t, dsn, crdbmode.Settings{})
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	latest := schemaVersion(t, dsn, migrations.SchemaBmdb).Binary
-	if err := m.Down(ctx, migrations.SchemaBmdb, int(latest-version)); err != nil {
+	if _, err := m.Down(ctx, migrations.SchemaBmdb, int(latest-version)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -256,5 +273,130 @@ func TestCockroachOpenRecoversHalfAppliedMigration(t *testing.T) {
 	}
 	if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != v.Binary {
 		t.Fatalf("schema after recovery = %+v", v)
+	}
+}
+
+// cockroachModes are CockroachDB as each supported version runs a
+// migration (crdbmode's ddl.go): 23.2 and 24.x run a script of several
+// statements as one transaction, and so does 25.x with the role's
+// autocommit_before_ddl off; 25.x by default commits each statement.
+func cockroachModes() []struct {
+	name string
+	s    crdbmode.Settings
+} {
+	off := false
+	return []struct {
+		name string
+		s    crdbmode.Settings
+	}{
+		{"23.2", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}},
+		{"24.1", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 24, Minor: 1}}},
+		{"24.3", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 24, Minor: 3}}},
+		{"25.2, autocommit_before_ddl off", crdbmode.Settings{Enabled: true, AutocommitBeforeDDL: &off}},
+		{"25.2", crdbmode.Settings{Enabled: true}},
+	}
+}
+
+// Open brings a database to the newest version on every CockroachDB
+// version: one at 000014, a fresh one, and
+// one reverted to 000013 (000015's and 000014's down files run too): bmdb
+// sends each statement of a migration on its own. (Before, a whole file
+// went in one Exec, one transaction on 23.2/24.x and on 25.x with
+// autocommit_before_ddl off: 000015's partial index on the column it adds
+// was refused, 0A000, and so was 000014 dropping and adding back a
+// constraint of one name, 42710; the version stayed dirty, and running
+// the file again failed the same way.)
+func TestOpenMigratesOnEveryCockroachVersion(t *testing.T) {
+	t.Parallel()
+	testdb.SkipOnCockroach(t, "emulates each version")
+	for _, mode := range cockroachModes() {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			open := func(dsn string) error {
+				cfg := Config{DSN: dsn, ComponentName: "migrator"}
+				withMode(mode.s)(&cfg)
+				c, err := Open(ctx, cfg)
+				if err != nil {
+					return err
+				}
+				c.Close()
+				if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != v.Binary {
+					return fmt.Errorf("schema after Open = %+v", v)
+				}
+				return nil
+			}
+			at14 := testdb.NewEmpty(t)
+			migrateBmdbTo(t, at14, 14)
+			if err := open(at14); err != nil {
+				t.Errorf("000015 on a database at 14: %v", err)
+			}
+			dsn := testdb.NewEmpty(t)
+			if err := open(dsn); err != nil {
+				t.Fatalf("a fresh database: %v", err)
+			}
+			downTo(t, dsn, mode.s, 13)
+			if v := schemaVersion(t, dsn, migrations.SchemaBmdb); v.Dirty || v.Database != 13 || !relationExists(t, dsn, "claim_gate") || relationExists(t, dsn, "work_slot_idx") {
+				t.Fatalf("after reverting to 13: %+v, claim_gate %v, work_slot_idx %v", v, relationExists(t, dsn, "claim_gate"), relationExists(t, dsn, "work_slot_idx"))
+			}
+			if err := open(dsn); err != nil {
+				t.Fatalf("from version 13: %v", err)
+			}
+			if !relationExists(t, dsn, "work_slot_idx") || relationExists(t, dsn, "claim_gate") {
+				t.Errorf("after migrating up again: work_slot_idx %v, claim_gate %v", relationExists(t, dsn, "work_slot_idx"), relationExists(t, dsn, "claim_gate"))
+			}
+		})
+	}
+}
+
+// relationExists reports whether the relation name exists in dsn's database.
+func relationExists(t *testing.T, dsn, name string) bool {
+	t.Helper()
+	var ok bool
+	if err := openRaw(t, dsn).QueryRow("SELECT to_regclass($1) IS NOT NULL", name).Scan(&ok); err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+// downTo reverts bmdb's schema at dsn to version in cockroach mode s.
+func downTo(t *testing.T, dsn string, s crdbmode.Settings, version uint) {
+	t.Helper()
+	latest := schemaVersion(t, dsn, migrations.SchemaBmdb).Database
+	if _, err := migrator(t, dsn, s).Down(context.Background(), migrations.SchemaBmdb, int(latest-version)); err != nil {
+		t.Fatalf("reverting to %d: %v", version, err)
+	}
+}
+
+// Config.MaxOpenConns 2 is enough for Open to migrate, on PostgreSQL's and
+// CockroachDB's paths, within a deadline; 1 is refused at once with
+// ErrInvalidArgument when there is something to migrate (the migration
+// lease could not be renewed while the migration held the only
+// connection), and is fine for a current schema.
+func TestOpenMigratesOnSmallPool(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []crdbmode.Settings{{}, {Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}} {
+		dsn := testdb.NewEmpty(t)
+		open := func(maxConns int) error {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cfg := Config{DSN: dsn, ComponentName: "small", MaxOpenConns: maxConns}
+			withMode(mode)(&cfg)
+			c, err := Open(ctx, cfg)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}
+		start := time.Now()
+		if err := open(1); !errors.Is(err, ErrInvalidArgument) || !errors.Is(err, migrations.ErrInvalidArgument) || !strings.Contains(err.Error(), "limited to 1 open connection") {
+			t.Errorf("cockroach mode %v: Open with MaxOpenConns 1 on an empty database = %v after %v, want ErrInvalidArgument", mode.Enabled, err, time.Since(start))
+		}
+		if err := open(2); err != nil {
+			t.Errorf("cockroach mode %v: Open with MaxOpenConns 2 on an empty database: %v", mode.Enabled, err)
+		}
+		if err := open(1); err != nil {
+			t.Errorf("cockroach mode %v: Open with MaxOpenConns 1 on a current schema: %v", mode.Enabled, err)
+		}
 	}
 }

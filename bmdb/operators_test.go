@@ -226,3 +226,43 @@ func TestOneProcessesClaimsReadByIndex(t *testing.T) {
 		}
 	}
 }
+
+// Retention carries a keyset cursor across its batches and runs: each
+// batch and each later run starts where the last got (every row dated
+// before work_history_retention.pruned_before is gone), so that none reads
+// again what an earlier one deleted; on CockroachDB deleted index entries
+// stay for gc.ttlseconds, and reading from the start each batch was
+// quadratic.
+func TestPruneHistoryCarriesItsCursor(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open()
+	m := e.machine()
+	ctx := context.Background()
+	e.exec(`INSERT INTO work_history (machine_id, process, session_id, event, at)
+		SELECT $1, 'install', gen_random_uuid(), 'Started', now() - INTERVAL '10 days' + (i * INTERVAL '1 minute')
+		FROM generate_series(1, 300) AS i`, m)
+	if n, err := c.PruneHistory(ctx, 24*time.Hour, 50); err != nil || n != 300 {
+		t.Fatalf("PruneHistory = %d, %v; want the 300 old rows", n, err)
+	}
+	var prunedBefore, newestDeleted time.Time
+	if err := e.db.QueryRow("SELECT pruned_before, now() - INTERVAL '10 days' + INTERVAL '300 minutes' FROM work_history_retention").Scan(&prunedBefore, &newestDeleted); err != nil {
+		t.Fatal(err)
+	}
+	if d := prunedBefore.Sub(newestDeleted); d < -time.Second || d > time.Second {
+		t.Errorf("pruned_before = %v, want the newest row deleted, %v", prunedBefore, newestDeleted)
+	}
+	// The next run starts there: rows dated after it are pruned, and the
+	// statement reads the history from the cursor, not from its start.
+	e.exec(`INSERT INTO work_history (machine_id, process, session_id, event, at)
+		SELECT $1, 'install', gen_random_uuid(), 'Started', now() - INTERVAL '5 days' FROM generate_series(1, 5)`, m)
+	if n, err := c.PruneHistory(ctx, 24*time.Hour, 50); err != nil || n != 5 {
+		t.Errorf("the next run = %d, %v; want the 5 newer old rows", n, err)
+	}
+	if testdb.Cockroach() {
+		return
+	}
+	plan := explainAnalyze(t, e, queryOf(t, "work_history.sql", "WorkHistoryPrune"), prunedBefore, (24 * time.Hour).Seconds(), 50)
+	if !strings.Contains(plan, "Index Cond: ((at >= ") {
+		t.Errorf("the prune statement does not start its scan at the cursor:\n%s", plan)
+	}
+}

@@ -52,7 +52,7 @@ func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 				cfg := func(c *Config) { c.SessionInterval = interval }
 				deadConn, liveConn := e.open(cfg), e.open(cfg)
 				var stopped atomic.Bool
-				deadConn.hooks.beforePoke = func(context.Context) error {
+				deadConn.leaseHooks.BeforeHeartbeat = func(context.Context) error {
 					if stopped.Load() {
 						return errors.New("killed")
 					}
@@ -134,5 +134,36 @@ func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A slot of a capped process held by an expired session's claim does not
+// keep a live session from claiming within the cap: the claim that finds
+// no free slot takes the slot holders over, at once, and claims (before,
+// nothing claimed until GC ran). Here the cap is 1, the dead session holds
+// its one slot, and the live one asks for another machine.
+func TestExpiredClaimsSlotIsTakenOver(t *testing.T) {
+	e := newWorkEnv(t)
+	c := e.open(func(c *Config) { c.SessionInterval, c.GCPeriod = 10*time.Second, time.Hour })
+	exact(c)
+	dead, live := e.session(c), e.session(c)
+	if _, err := live.CapProcess(context.Background(), "install", 1, ControlChange{Reason: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	held, next := e.machine(), e.machine()
+	e.fence("install", held, next)
+	if _, err := dead.Work(context.Background(), "install", retrieveAll(held)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := live.Work(context.Background(), "install", retrieveAll(next)); !errors.Is(err, ErrCapReached) {
+		t.Fatalf("a second claim under a cap of 1 = %v, want ErrCapReached", err)
+	}
+	e.expireInDB(dead.ID(), time.Second)
+	w, err := live.Work(context.Background(), "install", retrieveAll(next))
+	if err != nil || w.Machine() != next {
+		t.Fatalf("a claim under a cap of 1 whose slot an expired session holds = %v, %v; want the slot taken over", w, err)
+	}
+	if got := e.events(held, dead); !slicesEqual(got, "install:Started@1", "install:Abandoned@1") {
+		t.Errorf("the dead session's claim: %v, want it Abandoned", got)
 	}
 }

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/txn"
 )
 
 // PruneHistoryBatchDefault is the batch size PruneHistory uses for batch 0.
@@ -43,10 +45,10 @@ func (c *Connection) PruneHistory(ctx context.Context, olderThan time.Duration, 
 	case batch == 0:
 		batch = PruneHistoryBatchDefault
 	}
-	if c.closed.Load() {
+	if c.closed() {
 		return 0, ErrConnectionClosed
 	}
-	from, err := c.prepared.WorkHistoryPrunedBefore(ctx)
+	from, err := store.New(c.db).WorkHistoryPrunedBefore(dbconn.Own(ctx))
 	if errors.Is(err, sql.ErrNoRows) {
 		from, err = time.Time{}, nil
 	}
@@ -56,9 +58,9 @@ func (c *Connection) PruneHistory(ctx context.Context, olderThan time.Duration, 
 	var total int64
 	for {
 		var got store.WorkHistoryPruneRow
-		err := c.transact(ctx, serializable, func(tx *Tx) error {
+		err := c.runner.Run(ctx, txn.Serializable, nil, func(tx *txn.Tx) error {
 			var err error
-			got, err = tx.q.WorkHistoryPrune(ctx, store.WorkHistoryPruneParams{
+			got, err = tx.Store().WorkHistoryPrune(ctx, store.WorkHistoryPruneParams{
 				FromAt: from, OlderThanSeconds: olderThan.Seconds(), BatchSize: int32(batch),
 			})
 			return err

@@ -298,7 +298,9 @@ func packageConsts(files []*ast.File) map[string]bool {
 // forwarders are the functions that pass on a query they were given rather
 // than build one, each called only with constant text: the driver wrapper
 // (internal/dbconn's netconn.go) and its statement cache (stmtcache.go)
-// forward database/sql's queries to lib/pq, crdbTx.Exec runs crdb's
+// forward database/sql's queries to lib/pq, the transaction's view
+// (internal/txn's tx.go) forwards store's and the application's to the
+// transaction, crdbTx.Exec (internal/txn's attempt.go) runs crdb's
 // SAVEPOINT statements, ensureTable (package migrations' lock.go) runs
 // the CREATE TABLE it is handed, and querySetting (internal/dbconn's
 // pins.go) the settings statement it is handed; execSplit (faults.go)
@@ -307,10 +309,13 @@ func packageConsts(files []*ast.File) map[string]bool {
 // every query on and runs the statements of migration files, a probe of
 // a session row by its parsed UUID and BEGIN with constant options, and
 // its lock at fetch (locking.go) the lock models it derives from bmdb's
-// own statements' text, with their parameters.
+// own statements' text, with their parameters (and its ddl.go the
+// statements of migration scripts, execScript, and the constant catalog
+// queries it is handed, queryInt); package migrations' driver.go runs
+// the statements of migration files (Run).
 var forwarders = map[string]bool{
-	"netconn.go:*": true, "stmtcache.go:*": true, "transact.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
-	"procs.go:waitUntil": true, "locking.go:lockAtFetch": true,
+	"netconn.go:*": true, "stmtcache.go:*": true, "tx.go:*": true, "attempt.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
+	"procs.go:waitUntil": true, "locking.go:lockAtFetch": true, "ddl.go:execScript": true, "ddl.go:queryInt": true, "driver.go:Run": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query

@@ -71,7 +71,7 @@ func TestSessionRuntimeInfoDefault(t *testing.T) {
 func TestSessionExpiresWhenHeartbeatStalls(t *testing.T) {
 	e := newEnv(t)
 	c := e.open()
-	c.hooks.beforePoke = func(ctx context.Context) error {
+	c.leaseHooks.BeforeHeartbeat = func(ctx context.Context) error {
 		<-ctx.Done() // a heartbeat that never gets an answer
 		return ctx.Err()
 	}
@@ -86,8 +86,8 @@ func TestSessionExpiresWhenHeartbeatStalls(t *testing.T) {
 	if !errors.Is(context.Cause(s.Context()), ErrSessionExpired) {
 		t.Fatalf("Context cause = %v", context.Cause(s.Context()))
 	}
-	if elapsed < s.lifetime-50*time.Millisecond || elapsed > s.lifetime+time.Second {
-		t.Errorf("session ended after %v, want about one interval less the clock margin (%v)", elapsed, s.lifetime)
+	if elapsed < s.lease.Lifetime()-50*time.Millisecond || elapsed > s.lease.Lifetime()+time.Second {
+		t.Errorf("session ended after %v, want about one interval less the clock margin (%v)", elapsed, s.lease.Lifetime())
 	}
 	// Local death came first: the database still counted the session
 	// alive (give or take scheduling) when it ended locally.
@@ -105,7 +105,7 @@ func TestSessionSurvivesTransientErrors(t *testing.T) {
 	e := newEnv(t)
 	c := e.open()
 	var failing atomic.Bool
-	c.hooks.beforePoke = func(context.Context) error {
+	c.leaseHooks.BeforeHeartbeat = func(context.Context) error {
 		if failing.Load() {
 			return errors.New("injected: connection reset")
 		}
@@ -123,7 +123,7 @@ func TestSessionSurvivesTransientErrors(t *testing.T) {
 		return err == nil && row.Deadline.After(initial.Deadline)
 	})
 	failing.Store(true)
-	time.Sleep(s.lifetime * 6 / 10) // the fault's duration, not a wait for an outcome
+	time.Sleep(s.lease.Lifetime() * 6 / 10) // the fault's duration, not a wait for an outcome
 	failing.Store(false)
 	failures := c.Stats().HeartbeatFailures
 
@@ -145,7 +145,7 @@ func TestSessionSurvivesTransientErrors(t *testing.T) {
 func TestSessionGivesUpAfterIntervalOfErrors(t *testing.T) {
 	e := newEnv(t)
 	c := e.open()
-	c.hooks.beforePoke = func(context.Context) error { return errors.New("injected: database unreachable") }
+	c.leaseHooks.BeforeHeartbeat = func(context.Context) error { return errors.New("injected: database unreachable") }
 	start := time.Now()
 	s := e.session(c)
 	waitDone(t, s, 3*testInterval)
@@ -154,8 +154,8 @@ func TestSessionGivesUpAfterIntervalOfErrors(t *testing.T) {
 	if !errors.Is(s.Err(), ErrSessionExpired) {
 		t.Fatalf("Err() = %v, want ErrSessionExpired", s.Err())
 	}
-	if elapsed < s.lifetime-50*time.Millisecond || elapsed > s.lifetime+time.Second {
-		t.Errorf("gave up after %v, want about one interval less the clock margin (%v)", elapsed, s.lifetime)
+	if elapsed < s.lease.Lifetime()-50*time.Millisecond || elapsed > s.lease.Lifetime()+time.Second {
+		t.Errorf("gave up after %v, want about one interval less the clock margin (%v)", elapsed, s.lease.Lifetime())
 	}
 	if n := c.Stats().HeartbeatFailures; n < 3 {
 		t.Errorf("only %d heartbeat attempts failed: errors were not retried", n)

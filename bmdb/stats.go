@@ -1,15 +1,11 @@
 package bmdb
 
-import (
-	"sync"
-	"sync/atomic"
+import "github.com/bmdb-dev/bmdb/internal/counters"
 
-	"github.com/bmdb-dev/bmdb/internal/store"
-)
-
-// A Connection counts what it does once, in its counters: Stats reads
-// them, and Metrics exports them, with labels, to Prometheus. The same
-// numbers either way.
+// A Connection counts what it does once, in its counters (package
+// counters, which the rooms that do the work update): Stats reads them,
+// and Metrics exports them, with labels, to Prometheus. The same numbers
+// either way.
 
 // Stats are cumulative figures of a Connection, for tests and operators;
 // Metrics exports the same numbers.
@@ -61,127 +57,26 @@ type Stats struct {
 
 // Stats returns the connection's cumulative figures.
 func (c *Connection) Stats() Stats {
-	st := &c.stats
-	r := &st.retries
+	st := c.counters
+	r := &st.Retries
 	s := Stats{
-		TxAttempts:          st.attempts.Load(),
-		TxRetries:           r[retrySerialization].Load() + r[retryLockTimeout].Load() + r[retryDeadlock].Load(),
-		TxCommitRetries:     st.commitRetries.Load(),
-		TxConnectionRetries: r[retryConnection].Load(),
-		TxLockTimeouts:      r[retryLockTimeout].Load(),
-		TxDeadlocks:         r[retryDeadlock].Load(),
-		HeartbeatFailures:   st.heartbeatFailures.Load(),
+		TxAttempts:          st.Attempts.Load(),
+		TxRetries:           r[counters.RetrySerialization].Load() + r[counters.RetryLockTimeout].Load() + r[counters.RetryDeadlock].Load(),
+		TxCommitRetries:     st.CommitRetries.Load(),
+		TxConnectionRetries: r[counters.RetryConnection].Load(),
+		TxLockTimeouts:      r[counters.RetryLockTimeout].Load(),
+		TxDeadlocks:         r[counters.RetryDeadlock].Load(),
+		HeartbeatFailures:   st.HeartbeatFailures.Load(),
 	}
-	st.eachProcess(func(_ string, p *processCounters) {
-		s.ClaimCalls += p.calls.Load()
-		s.ClaimsAsked += p.asked.Load()
-		s.Claimed += p.claimed.Load()
-		s.ClaimConflicts += p.conflicts.Load()
-		s.ClaimNothingToDo += p.nothing.Load()
-		s.ClaimPaused += p.paused.Load()
-		s.ClaimCapped += p.capped.Load()
-		s.ClaimsStale += p.stale.Load()
+	st.EachProcess(func(_ string, p *counters.Process) {
+		s.ClaimCalls += p.Calls.Load()
+		s.ClaimsAsked += p.Asked.Load()
+		s.Claimed += p.Claimed.Load()
+		s.ClaimConflicts += p.Conflicts.Load()
+		s.ClaimNothingToDo += p.Nothing.Load()
+		s.ClaimPaused += p.Paused.Load()
+		s.ClaimCapped += p.Capped.Load()
+		s.ClaimsStale += p.Stale.Load()
 	})
 	return s
-}
-
-// counters are a Connection's cumulative figures. Any goroutine updates
-// them, atomically.
-type counters struct {
-	attempts          atomic.Int64
-	commitRetries     atomic.Int64
-	heartbeatFailures atomic.Int64
-	sessionsStarted   atomic.Int64
-	sessionsExpired   atomic.Int64
-	retries           [retryReasons]atomic.Int64 // by retryReason
-
-	mu        sync.Mutex
-	processes map[string]*processCounters // guarded by mu; entries are never removed
-}
-
-// processCounters are a Connection's figures of one process.
-type processCounters struct {
-	calls, asked, claimed, conflicts, nothing, stale, backoffs atomic.Int64
-	paused, capped                                             atomic.Int64
-	// The process's controls at the last claim statement: pausedNow 1 or
-	// 0, capNow the cap or 0; controlsSeen once one has run.
-	pausedNow, capNow atomic.Int64
-	controlsSeen      atomic.Bool
-	events            [len(historyEvents)]atomic.Int64 // by historyEvents' index
-}
-
-// historyEvents are the events of work_history, in the order of
-// processCounters.events.
-var historyEvents = [...]store.WorkHistoryEvent{
-	store.WorkHistoryEventStarted, store.WorkHistoryEventFinished, store.WorkHistoryEventFailed,
-	store.WorkHistoryEventCanceled, store.WorkHistoryEventAbandoned, store.WorkHistoryEventBackoffCleared,
-}
-
-// process returns the counters of process, made on first use.
-func (c *counters) process(process string) *processCounters {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	p := c.processes[process]
-	if p == nil {
-		if c.processes == nil {
-			c.processes = map[string]*processCounters{}
-		}
-		p = &processCounters{}
-		c.processes[process] = p
-	}
-	return p
-}
-
-// eachProcess calls fn with the counters of every process so far.
-func (c *counters) eachProcess(fn func(process string, p *processCounters)) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for name, p := range c.processes {
-		fn(name, p)
-	}
-}
-
-// event counts n work history events of process.
-func (c *counters) event(process string, event store.WorkHistoryEvent) {
-	p := c.process(process)
-	for i, e := range historyEvents {
-		if e == event {
-			p.events[i].Add(1)
-		}
-	}
-}
-
-// events counts an event of each of processes.
-func (c *counters) events(processes []string, event store.WorkHistoryEvent) {
-	for _, p := range processes {
-		c.event(p, event)
-	}
-}
-
-// Reasons of retries, the index of counters.retries and the label of
-// bmdb_transaction_retries_total.
-type retryReason int
-
-const (
-	retrySerialization retryReason = iota
-	retryLockTimeout
-	retryDeadlock
-	retryConnection
-	retryReasons
-)
-
-func (r retryReason) String() string {
-	return [...]string{"serialization", "lock_timeout", "deadlock", "connection"}[r]
-}
-
-// sawControls notes the controls a claim statement of the process found,
-// for the gauges.
-func (p *processCounters) sawControls(c controls) {
-	paused := int64(0)
-	if c.paused {
-		paused = 1
-	}
-	p.pausedNow.Store(paused)
-	p.capNow.Store(c.cap)
-	p.controlsSeen.Store(true)
 }

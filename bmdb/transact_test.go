@@ -96,7 +96,7 @@ func TestTransactRetriesWriteSkewAtCommit(t *testing.T) {
 	// commit is found by bob's COMMIT, not by that check's statement.
 	bobChecked := make(chan struct{})
 	var bobHeld atomic.Bool
-	c.hooks.beforeCommit = func(id uuid.UUID) {
+	c.leaseHooks.BeforeCommit = func(id uuid.UUID) {
 		if id == sessions["bob"].ID() && bobHeld.CompareAndSwap(false, true) {
 			close(bobChecked)
 			_ = wait(aliceDone)

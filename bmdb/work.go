@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/bmdb-dev/bmdb/internal/claims"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/txn"
 )
 
 // Work is a claim of one machine for one process by a session: the
@@ -29,17 +30,15 @@ import (
 // goroutine.
 type Work struct {
 	s       *Session
-	machine uuid.UUID
 	process string
-	claimID uuid.UUID // the claim's identity in the work table
-	token   int64     // the claim's fencing token
+	claim   claims.Claim // the machine, the claim's identity in the work table, its fencing token
 
 	mu    sync.Mutex
 	ended bool
 }
 
 // Machine returns the id of the claimed machine.
-func (w *Work) Machine() uuid.UUID { return w.machine }
+func (w *Work) Machine() uuid.UUID { return w.claim.Machine }
 
 // Process returns the process the machine is claimed for.
 func (w *Work) Process() string { return w.process }
@@ -50,7 +49,7 @@ func (w *Work) Session() *Session { return w.s }
 // ClaimID returns the claim's identity: work.claim_id, and the claim_id of
 // every history row of the claim, the Abandoned or Canceled rows that
 // takeovers, GC and Session.Close write included.
-func (w *Work) ClaimID() uuid.UUID { return w.claimID }
+func (w *Work) ClaimID() uuid.UUID { return w.claim.ID }
 
 // FencingToken returns the claim's fencing token: a number that grows with
 // every claim of the same (machine, process), whichever session takes it,
@@ -61,7 +60,7 @@ func (w *Work) ClaimID() uuid.UUID { return w.claimID }
 // session expired, another took the machine over) cannot overwrite what
 // the newer claim did, even though it may still be running. See the
 // package example of fencing.
-func (w *Work) FencingToken() int64 { return w.token }
+func (w *Work) FencingToken() int64 { return w.claim.Token }
 
 // Work claims a machine for process: WorkMany with a limit of one. In one
 // transaction it runs retrieve, which returns candidate machine ids in
@@ -118,24 +117,17 @@ func (s *Session) WorkMany(ctx context.Context, process string, limit int, retri
 	if retrieve == nil {
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
-	start := time.Now()
-	c := &claimRequest{limit: limit, retrieve: retrieve}
-	err := s.do(ctx, process, &request{claim: c})
+	c := &claims.ClaimCall{Limit: limit, Retrieve: func(tx *txn.Tx) ([]uuid.UUID, error) { return retrieve(newTx(tx)) }}
+	err := s.claims.Do(ctx, process, c, nil)
 	if err == nil {
-		err = c.err
+		err = c.Err
 	}
-	s.conn.recordClaims(process, limit, len(c.claims), err)
 	if err != nil {
 		return nil, err
 	}
-	st := &s.conn.stats
-	st.events(c.abandoned, store.WorkHistoryEventAbandoned)
-	latency := s.conn.metrics.claimSeconds.WithLabelValues(s.conn.cfg.ComponentName, process)
-	works := make([]*Work, len(c.claims))
-	for i, got := range c.claims {
-		works[i] = &Work{s: s, machine: got.machine, process: process, claimID: got.id, token: got.token}
-		st.event(process, store.WorkHistoryEventStarted)
-		latency.Observe(time.Since(start).Seconds())
+	works := make([]*Work, len(c.Claims))
+	for i, got := range c.Claims {
+		works[i] = &Work{s: s, process: process, claim: got}
 	}
 	return works, nil
 }
@@ -161,20 +153,77 @@ func (s *Session) WorkMany(ctx context.Context, process string, limit int, retri
 // not be nil, unless opts hold CommitShared, which commits the result with
 // a SharedCommit instead (commit must then be nil).
 func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error, opts ...FinishOption) error {
-	r := &endRequest{w: w, event: store.WorkHistoryEventFinished, commit: commit}
-	for _, o := range opts {
-		r.batch = o.batch
-		if r.batch == nil {
-			return invalidArgument("Finish: CommitShared of a nil SharedCommit (make one with NewSharedCommit)")
-		}
+	e, err := finishCall(commit, opts)
+	if err != nil {
+		return err
+	}
+	return w.end(ctx, e)
+}
+
+// finishCall is the end call of a Finish with commit and opts, or why they
+// are invalid.
+func finishCall(commit func(tx *Tx) error, opts []FinishOption) (*claims.EndCall, error) {
+	e := &claims.EndCall{Event: store.WorkHistoryEventFinished}
+	var shared *SharedCommit
+	switch {
+	case len(opts) > 1:
+		return nil, invalidArgument("Finish: %d options; it takes one CommitShared at most", len(opts))
+	case len(opts) == 1 && opts[0].shared == nil:
+		return nil, invalidArgument("Finish: CommitShared of a nil SharedCommit (make one with NewSharedCommit)")
+	case len(opts) == 1:
+		shared = opts[0].shared
 	}
 	switch {
-	case r.batch == nil && commit == nil:
-		return invalidArgument("Finish: commit is nil")
-	case r.batch != nil && commit != nil:
-		return invalidArgument("Finish: both a commit and CommitShared")
+	case shared == nil && commit == nil:
+		return nil, invalidArgument("Finish: commit is nil")
+	case shared != nil && commit != nil:
+		return nil, invalidArgument("Finish: both a commit and CommitShared")
+	case shared != nil:
+		e.Shared = shared.shared
+	default:
+		e.Commit = func(tx *txn.Tx) error { return commit(newTx(tx)) }
 	}
-	return w.end(ctx, r)
+	return e, nil
+}
+
+// FinishAndWork is Finish followed, in the same transaction, by Work for
+// the same process: it ends the Work successfully, committing commit's
+// result (or, with CommitShared, a SharedCommit's), and claims the next
+// machine among what retrieve returns, as Work does. A component that
+// processes machines one after another pays one transaction per machine
+// instead of two (worker.Loop does so for each handler). Used by hand,
+// Finish and Work keep their meaning; this is the one way to do both at
+// once.
+//
+// err is the Finish's outcome, as Finish returns it: nil only once the end
+// committed; an error leaves the Work as a failed Finish does, and claims
+// nothing. When err is nil, next is the Work claimed, or nil with claimErr
+// saying why none was (ErrNothingToDo, ErrProcessPaused, ErrCapReached,
+// ErrWorkConflict, ErrUnknownMachine, retrieve's error): the claim never
+// undoes the end. The claim part runs after the retrievals of the
+// transaction's claims and before its ends (see "Batches" in the package
+// doc), so retrieve sees the state before this Finish's commit: it must not
+// return the machine being finished as needing the process again. The
+// contracts of commit and retrieve are Finish's and Work's.
+func (w *Work) FinishAndWork(ctx context.Context, commit func(tx *Tx) error, retrieve func(tx *Tx) ([]uuid.UUID, error), opts ...FinishOption) (next *Work, claimErr, err error) {
+	if retrieve == nil {
+		return nil, nil, invalidArgument("FinishAndWork: retrieve is nil")
+	}
+	e, err := finishCall(commit, opts)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &claims.ClaimCall{Limit: 1, Retrieve: func(tx *txn.Tx) ([]uuid.UUID, error) { return retrieve(newTx(tx)) }}
+	if err := w.endWith(ctx, e, c); err != nil {
+		return nil, nil, err
+	}
+	if c.Err != nil {
+		return nil, c.Err, nil
+	}
+	if len(c.Claims) == 0 {
+		return nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, w.process), nil
+	}
+	return &Work{s: w.s, process: w.process, claim: c.Claims[0]}, nil, nil
 }
 
 // Cancel ends the Work without a result and without backoff: it deletes the
@@ -183,7 +232,7 @@ func (w *Work) Finish(ctx context.Context, commit func(tx *Tx) error, opts ...Fi
 // interrupted, e.g. on shutdown. It returns ErrWorkLost or ErrSessionExpired
 // if the claim was already gone. Like Finish, it shares its transaction.
 func (w *Work) Cancel(ctx context.Context) error {
-	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventCanceled})
+	return w.end(ctx, &claims.EndCall{Event: store.WorkHistoryEventCanceled})
 }
 
 // Fail ends the Work unsuccessfully: it deletes the claim (only if this
@@ -199,23 +248,28 @@ func (w *Work) Fail(ctx context.Context, backoff *Backoff, cause string) error {
 			return err
 		}
 	}
-	return w.end(ctx, &endRequest{w: w, event: store.WorkHistoryEventFailed, cause: truncateCause(cause), backoff: backoff})
+	e := &claims.EndCall{Event: store.WorkHistoryEventFailed, Cause: truncateCause(cause)}
+	if backoff != nil {
+		e.Backoff = backoffPolicy{*backoff}
+	}
+	return w.end(ctx, e)
 }
 
 // end runs one of Finish, Cancel and Fail, at most once successfully.
-func (w *Work) end(ctx context.Context, r *endRequest) error {
+func (w *Work) end(ctx context.Context, e *claims.EndCall) error { return w.endWith(ctx, e, nil) }
+
+// endWith is end, with a claim c of the next machine in the same call (nil:
+// none).
+func (w *Work) endWith(ctx context.Context, e *claims.EndCall, c *claims.ClaimCall) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
-		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.machine, r.event, ErrWorkDone)
+		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.claim.Machine, e.Event, ErrWorkDone)
 	}
-	if err := w.s.alive(); err != nil {
-		w.ended = claimGone(err)
-		return err
-	}
-	err := w.s.do(ctx, w.process, &request{end: r})
+	e.Claim, e.Owner = w.claim, w
+	err := w.s.claims.Do(ctx, w.process, c, e)
 	if err == nil {
-		err = r.err
+		err = e.Err
 	}
 	if err == nil || claimGone(err) {
 		w.ended = true
@@ -226,9 +280,4 @@ func (w *Work) end(ctx context.Context, r *endRequest) error {
 // claimGone reports whether err says the claim no longer exists.
 func claimGone(err error) bool {
 	return errors.Is(err, ErrWorkLost) || errors.Is(err, ErrSessionExpired) || errors.Is(err, ErrSessionClosed)
-}
-
-// lostError is ErrWorkLost for w.
-func (w *Work) lostError() error {
-	return fmt.Errorf("%w: %q on %s is no longer held by session %s", ErrWorkLost, w.process, w.machine, w.s.id)
 }

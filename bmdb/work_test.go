@@ -35,6 +35,10 @@ func tagCommit(m uuid.UUID) func(*Tx) error {
 func newWorkEnv(t *testing.T) *env {
 	e := newEnv(t)
 	e.exec("CREATE TABLE tag (machine_id UUID PRIMARY KEY REFERENCES machines ON DELETE CASCADE)")
+	// The controls rows of the tests' processes, as a fleet has them after
+	// its first claims: a claim that finds its process's missing makes it
+	// and runs again, which tests that count transactions would count.
+	e.exec("INSERT INTO process_controls (process) VALUES ('install'), ('inventory')")
 	return e
 }
 
@@ -300,6 +304,16 @@ func TestWorkRetrievalOutcomes(t *testing.T) {
 	if n := e.count("SELECT count(*) FROM work_history"); n != 0 {
 		t.Errorf("%d history rows from failed claims", n)
 	}
+	// An unknown id among good candidates never claimed (no claim row
+	// yet) is skipped: a good one is claimed. (Before, Work failed with
+	// ErrUnknownMachine: it looked for unknown ids before making the good
+	// ones' claim rows.)
+	good := e.machine()
+	if w, err := s.Work(context.Background(), "install", retrieveAll(uuid.New(), good)); err != nil || w.Machine() != good {
+		t.Errorf("Work on an unknown id and a machine never claimed = %v, %v; want the machine claimed", w, err)
+	} else if err := w.Finish(context.Background(), noCommit); err != nil {
+		t.Error(err)
+	}
 }
 
 // A connection failure during the claim's COMMIT leaves its outcome unknown:
@@ -315,7 +329,7 @@ func TestWorkAmbiguousCommit(t *testing.T) {
 			c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval = time.Minute })
 			var armed atomic.Bool // only Work's COMMIT
 			var once sync.Once
-			c.hooks.commit = func(tx *sql.Tx) error {
+			c.runner.Hooks.Commit = func(tx *sql.Tx) error {
 				err := error(nil)
 				if !armed.Load() {
 					return tx.Commit()
@@ -376,7 +390,7 @@ func TestFinishRacingATakeover(t *testing.T) {
 	exact(c)
 	exact(other)
 	var once sync.Once
-	c.hooks.afterSessionCheck = func(session uuid.UUID) {
+	c.leaseHooks.AfterSessionCheck = func(session uuid.UUID) {
 		if p := hold.Load(); p != nil && *p == session {
 			once.Do(func() {
 				close(inside)
@@ -422,7 +436,7 @@ func TestRetriedEndDoesNotEndANewerClaim(t *testing.T) {
 	e := newWorkEnv(t)
 	c := e.open(withMode(crdbmode.Settings{}), func(c *Config) { c.SessionInterval = time.Minute }) // PostgreSQL's commit (the hook)
 	var armed atomic.Bool
-	c.hooks.commit = func(tx *sql.Tx) error {
+	c.runner.Hooks.Commit = func(tx *sql.Tx) error {
 		if !armed.CompareAndSwap(true, false) {
 			return tx.Commit()
 		}
@@ -468,7 +482,7 @@ func TestAmbiguousClaimDoesNotAdoptAnotherClaim(t *testing.T) {
 	m := e.machine()
 	var armed atomic.Bool
 	var other uuid.UUID
-	c.hooks.commit = func(tx *sql.Tx) error {
+	c.runner.Hooks.Commit = func(tx *sql.Tx) error {
 		if !armed.CompareAndSwap(true, false) {
 			return tx.Commit()
 		}

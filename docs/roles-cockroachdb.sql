@@ -7,9 +7,8 @@
 --
 --   ALTER ROLE bmdb_worker WITH PASSWORD 'change-me';
 --
--- The worker role needs nothing on golang-migrate's schema_lock nor on
--- bmdb_migration_lock: with Config.SkipMigrations, Open only reads the
--- schema versions.
+-- The worker role needs nothing on bmdb_migration_lock: with
+-- Config.SkipMigrations, Open only reads the schema versions.
 
 CREATE ROLE bmdb_worker LOGIN;
 CREATE ROLE bmdb_operator LOGIN;

@@ -5,8 +5,7 @@
 -- bmdb_migrator owns the schema: run migrations (bmdbctl migrate up, with
 -- --app NAME --migrations DIR for an application's; migrations.Migrator.Up;
 -- or the first component with migrations on) and bmdbctl migrate force as
--- this role; it alone needs bmdb_migration_lock (and, on CockroachDB,
--- golang-migrate's schema_lock).
+-- this role; it alone needs bmdb_migration_lock.
 -- bmdb_worker is what components run as, with Config.SkipMigrations = true:
 -- DML on the tables, nothing else (no DDL, no TRUNCATE). Opening reads the
 -- schema versions (schema_migrations, and each application's

@@ -45,18 +45,19 @@ func cockroachStepPending(ctx context.Context, db *sql.DB) (bool, error) {
 }
 
 // applySteps applies, under the migration lock, the CockroachDB step if it
-// is not in place. It does nothing on PostgreSQL.
-func (mp *migrationPool) applySteps(ctx context.Context) error {
-	if !mp.cockroach {
-		return nil
+// is not in place, and returns the names of those it applied. It does
+// nothing on PostgreSQL.
+func (t *target) applySteps(ctx context.Context) ([]string, error) {
+	if !t.cockroach {
+		return nil, nil
 	}
-	pending, err := cockroachStepPending(ctx, mp.db)
+	pending, err := cockroachStepPending(ctx, t.db)
 	if err != nil || !pending {
-		return err
+		return nil, err
 	}
 	klog.Infof("migrations: on CockroachDB: %s", spreadHistoryName)
-	if _, err := mp.db.ExecContext(ctx, spreadHistoryApply); err != nil {
-		return fmt.Errorf("migrations: applying %s: %w", spreadHistoryName, dbconn.ContextError(ctx, err))
+	if _, err := t.db.ExecContext(ctx, spreadHistoryApply); err != nil {
+		return nil, fmt.Errorf("migrations: applying %s: %w", spreadHistoryName, dbconn.ContextError(ctx, err))
 	}
-	return nil
+	return []string{spreadHistoryName}, nil
 }

@@ -37,21 +37,21 @@ const rerunnableMarker = "-- bmdb:rerunnable"
 // if v's up file is marked rerunnableMarker it forces the previous version
 // and runs the file again, then the rest; otherwise it refuses, saying
 // what to repair.
-func (mp *migrationPool) recoverDirty(ctx context.Context, src *source, v recorded) error {
+func (t *target) recoverDirty(ctx context.Context, src *source, v recorded) ([]Migration, error) {
 	if src.fsys == nil || v.version > src.latest || !src.has(v.version) {
-		return dirtyError(ctx, mp.db, src, v)
+		return nil, dirtyError(ctx, t.db, src, v)
 	}
 	rerunnable, name, err := readRerunnable(src, v.version)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !rerunnable {
-		return dirtyError(ctx, mp.db, src, v)
+		return nil, dirtyError(ctx, t.db, src, v)
 	}
 	prev := src.previous(v.version)
 	klog.Warningf("migrations: %s (table %s) is dirty at version %d (its migration did not finish); %s is safe to run again: forcing version %d and migrating up",
 		src.describe(), src.table, v.version, name, prev)
-	return mp.run(ctx, src, func(m *gomigrate.Migrate) error {
+	return t.run(ctx, src, func(m *gomigrate.Migrate) error {
 		if err := m.Force(forceVersion(prev)); err != nil {
 			return err
 		}
@@ -96,7 +96,7 @@ func readUp(src *source, version uint) (string, string, error) {
 		return "", "", fmt.Errorf("migrations: reading the migrations of %s: %w", src.describe(), err)
 	}
 	defer files.Close()
-	r, id, err := files.ReadUp(version)
+	r, _, err := files.ReadUp(version)
 	if err != nil {
 		return "", "", fmt.Errorf("migrations: reading migration %d of %s: %w", version, src.describe(), err)
 	}
@@ -105,7 +105,7 @@ func readUp(src *source, version uint) (string, string, error) {
 	if err != nil {
 		return "", "", fmt.Errorf("migrations: reading migration %d of %s: %w", version, src.describe(), err)
 	}
-	return string(body), fmt.Sprintf("%06d_%s.up.sql", version, id), nil
+	return string(body), src.fileName(version, DirectionUp), nil
 }
 
 // readRerunnable reports whether version's up file in src carries

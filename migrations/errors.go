@@ -9,11 +9,13 @@ import (
 // Sentinel errors. Every error of this package that a caller may act on
 // wraps one of these, so check them with errors.Is.
 var (
-	// ErrInvalidArgument is wrapped by every error about bad input: an
-	// empty or malformed DSN, an invalid Application, a schema this
-	// Migrator does not know, a step count or version that does not fit
-	// the schema. The message names what was wrong.
-	ErrInvalidArgument = errors.New("migrations: invalid argument")
+	// ErrInvalidArgument is wrapped by every error about bad input: a nil
+	// pool, or one too small to migrate on, an invalid Application, a
+	// schema this Migrator does not know, a step count or version that
+	// does not fit the schema. The message names what was wrong. It is
+	// bmdb.ErrInvalidArgument too (one value under two names, so that
+	// errors.Is matches across the packages), hence its "bmdb:" prefix.
+	ErrInvalidArgument = errors.New("bmdb: invalid argument")
 
 	// ErrSchemaTooNew means a schema is at a migration version newer than
 	// the Migrator's files, migrated by a newer binary, and not every newer

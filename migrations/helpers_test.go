@@ -2,32 +2,49 @@ package migrations
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	gomigrate "github.com/golang-migrate/migrate/v4"
 
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 )
 
 // migrator returns a Migrator of dsn with app (nil: none) in the cockroach
-// mode mode, whatever the process's.
+// mode mode, whatever the process's, on a pool of its own.
 func migrator(t *testing.T, dsn string, app *Application, mode crdbmode.Settings) *Migrator {
 	t.Helper()
-	cfg := &Config{Application: app, HolderInfo: t.Name()}
-	if mode.Enabled {
-		cfg.WrapConnector = testdb.EmulatorWith(mode).Wrap
-	}
-	m, err := New(dsn, cfg)
+	m, err := New(pool(t, dsn, mode), &Config{Application: app, HolderInfo: t.Name()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	return m
 }
 
-// cockroach is cockroach mode failing the next multi-statement migration
-// file after failAfter statements (0: never).
+// pool opens a pool on dsn as bmdb does (bounded by its callers'
+// contexts), in cockroach mode mode, closed at cleanup.
+func pool(t *testing.T, dsn string, mode crdbmode.Settings) *sql.DB {
+	t.Helper()
+	var wrap func(driver.Connector) driver.Connector
+	if mode.Enabled {
+		wrap = testdb.EmulatorWith(mode).Wrap
+	}
+	connector, err := dbconn.NewConnector(dsn, 10*time.Second, dbconn.Settings{}, wrap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := sql.OpenDB(connector)
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// cockroach is cockroach mode failing the next migration after failAfter
+// of its statements (0: never).
 func cockroach(failAfter int) crdbmode.Settings {
 	return crdbmode.Settings{Enabled: true, MigrationFailAfter: failAfter}
 }
@@ -37,10 +54,13 @@ func cockroach(failAfter int) crdbmode.Settings {
 func migrateTo(t *testing.T, m *Migrator, version uint) {
 	t.Helper()
 	ctx := context.Background()
-	err := m.withPool(ctx, func(mp *migrationPool) error {
-		return mp.locked(ctx, "migrateTo", func() error {
-			return mp.run(ctx, m.srcs[0], func(g *gomigrate.Migrate) error { return g.Migrate(version) })
-		})
+	tg, err := m.target(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tg.locked(ctx, "migrateTo", func() error {
+		_, err := tg.run(ctx, m.srcs[0], func(g *gomigrate.Migrate) error { return g.Migrate(version) })
+		return err
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -72,12 +72,10 @@ WHERE lock_id = 1 AND holder = $1`
 FROM bmdb_migration_lock WHERE lock_id = 1`
 	clearMigrationLockSQL = `DELETE FROM bmdb_migration_lock`
 
-	// golang-migrate's cockroachdb driver creates schema_lock with an INT
-	// lock_id, which is INT8 on CockroachDB but int4 on PostgreSQL, where
-	// its lock id overflows; creating it first with INT8 serves both.
-	createCockroachLockSQL = `CREATE TABLE IF NOT EXISTS schema_lock (lock_id INT8 NOT NULL PRIMARY KEY)`
-	countCockroachLockSQL  = `SELECT count(*) FROM schema_lock`
-	clearCockroachLockSQL  = `DELETE FROM schema_lock`
+	// schema_lock is golang-migrate's cockroachdb driver's lock, which
+	// bmdb binaries before the driver of bmdb's (driver.go) took under the
+	// lease; ClearLock still clears a row one of them left.
+	clearCockroachLockSQL = `DELETE FROM schema_lock`
 )
 
 // Codes of a lost race between concurrent CREATE TABLE IF NOT EXISTS on
@@ -244,36 +242,4 @@ func readMigrationLock(ctx context.Context, db *sql.DB) (*Lock, error) {
 		return nil, err
 	}
 	return &l, nil
-}
-
-// clearCockroachDriverLock prepares golang-migrate's cockroachdb lock
-// table for a migration run under the lease: it creates the table with an
-// INT8 lock_id if missing, and deletes a row left in it. Under the lease,
-// such a row was left by a migrator that died between its lock and unlock,
-// or belongs to a binary too old to take the lease, still migrating; it
-// waits up to one lease for the latter before deleting the row.
-func clearCockroachDriverLock(ctx context.Context, db *sql.DB) error {
-	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
-		return fmt.Errorf("migrations: creating schema_lock: %w", dbconn.ContextError(ctx, err))
-	}
-	until := time.Now().Add(lease())
-	for {
-		var n int
-		if err := db.QueryRowContext(ctx, countCockroachLockSQL).Scan(&n); err != nil {
-			return fmt.Errorf("migrations: reading schema_lock: %w", dbconn.ContextError(ctx, err))
-		}
-		if n == 0 {
-			return nil
-		}
-		if time.Now().After(until) {
-			klog.Warningf("migrations: deleting golang-migrate's schema_lock row left by a migrator that is gone")
-			if _, err := db.ExecContext(ctx, clearCockroachLockSQL); err != nil {
-				return fmt.Errorf("migrations: clearing schema_lock: %w", dbconn.ContextError(ctx, err))
-			}
-			return nil
-		}
-		if err := wait.Sleep(ctx, 200*time.Millisecond); err != nil {
-			return fmt.Errorf("migrations: waiting for golang-migrate's schema_lock: %w", err)
-		}
-	}
 }

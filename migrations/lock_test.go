@@ -28,11 +28,17 @@ func TestMain(m *testing.M) {
 		os.Exit(runMigratorChild(dsn))
 	}
 	os.Exit(testdb.Run(m, func(ctx context.Context, dsn string) error {
-		m, err := New(dsn, &Config{HolderInfo: "testdb"})
+		db, err := sql.Open("postgres", dsn)
 		if err != nil {
 			return err
 		}
-		return m.Up(ctx)
+		defer db.Close()
+		m, err := New(db, &Config{HolderInfo: "testdb"})
+		if err != nil {
+			return err
+		}
+		_, err = m.Up(ctx)
+		return err
 	}))
 }
 
@@ -54,10 +60,10 @@ func shortLease(t *testing.T, d time.Duration) {
 	t.Cleanup(func() { setLease(old) })
 }
 
-// A migrator killed while holding the lock (and golang-migrate's
-// cockroachdb lock row) delays the next migration by at most one lease:
-// nobody has to delete anything by hand. (Before, every later Open failed
-// until someone deleted the schema_lock row.)
+// A migrator killed while holding the lock delays the next migration by
+// at most one lease: nobody has to delete anything by hand. (Before the
+// lease, every later Open failed until someone deleted golang-migrate's
+// schema_lock row.)
 func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	shortLease(t, time.Second)
 	dsn := testdb.NewEmpty(t)
@@ -96,7 +102,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up after a migrator died holding the lock: %v", err)
 	}
 	took := time.Since(start)
@@ -104,7 +110,7 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	// empty database of its own, with no lock to wait for.
 	fresh := migrator(t, testdb.NewEmpty(t), nil, crdbmode.Settings{Enabled: true})
 	start = time.Now()
-	if err := fresh.Up(ctx); err != nil {
+	if _, err := fresh.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	migrating := time.Since(start)
@@ -114,9 +120,8 @@ func TestCockroachMigratorKilledWhileHoldingLock(t *testing.T) {
 	}
 }
 
-// runMigratorChild takes the migration lock and golang-migrate's
-// cockroachdb lock row as a migrator does, says "locked", and waits to be
-// killed.
+// runMigratorChild takes the migration lock as a migrator does, says
+// "locked", and waits to be killed.
 func runMigratorChild(dsn string) int {
 	setLease(time.Second)
 	ctx := context.Background()
@@ -127,14 +132,6 @@ func runMigratorChild(dsn string) int {
 	}
 	db := sql.OpenDB(conn)
 	if _, err := acquireMigrationLock(ctx, db, "doomed migrator"); err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	if err := ensureTable(ctx, db, createCockroachLockSQL); err != nil {
-		fmt.Println("error", err)
-		return 1
-	}
-	if _, err := db.Exec("INSERT INTO schema_lock (lock_id) VALUES (4242)"); err != nil {
 		fmt.Println("error", err)
 		return 1
 	}

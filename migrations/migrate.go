@@ -3,17 +3,12 @@ package migrations
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
-	"time"
 
 	gomigrate "github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/database"
-	"github.com/golang-migrate/migrate/v4/database/cockroachdb"
-	"github.com/golang-migrate/migrate/v4/database/postgres"
 	gosource "github.com/golang-migrate/migrate/v4/source"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/lib/pq"
@@ -39,11 +34,12 @@ const SchemaBmdb = "bmdb"
 
 // source is one set of migrations.
 type source struct {
-	name     string // SchemaBmdb, or the Application's Name
-	fsys     fs.FS  // nil: the Migrator does not have the files (an application known only by its table)
-	table    string // golang-migrate's version table
-	versions []uint // the versions of fsys's up files, in order
-	latest   uint   // the newest of versions (0: no files)
+	name     string                        // SchemaBmdb, or the Application's Name
+	fsys     fs.FS                         // nil: the Migrator does not have the files (an application known only by its table)
+	table    string                        // golang-migrate's version table
+	versions []uint                        // the versions of fsys's up files, in order
+	latest   uint                          // the newest of versions (0: no files)
+	files    map[uint]map[Direction]string // the file of each version and direction
 }
 
 // bmdbSource returns bmdb's own migrations.
@@ -67,7 +63,29 @@ func newSource(name string, fsys fs.FS, table string) (*source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", describe(name), err)
 	}
-	return &source{name: name, fsys: fsys, table: table, versions: versions, latest: versions[len(versions)-1]}, nil
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", describe(name), err)
+	}
+	files := map[uint]map[Direction]string{}
+	for _, e := range entries {
+		if m, err := gosource.DefaultParse(e.Name()); err == nil {
+			if files[m.Version] == nil {
+				files[m.Version] = map[Direction]string{}
+			}
+			files[m.Version][Direction(m.Direction)] = e.Name()
+		}
+	}
+	return &source{name: name, fsys: fsys, table: table, versions: versions, latest: versions[len(versions)-1], files: files}, nil
+}
+
+// fileName names src's file of version in direction d, or says there is
+// none.
+func (src *source) fileName(version uint, d Direction) string {
+	if name := src.files[version][d]; name != "" {
+		return name
+	}
+	return fmt.Sprintf("version %d's %s file", version, d)
 }
 
 // tableOnly returns the source of an application this Migrator has no
@@ -216,101 +234,82 @@ func acceptWithoutMigrating(ctx context.Context, db *sql.DB, src *source, v reco
 	return false, nil
 }
 
-// target is a database to migrate and how to reach it.
+// target is the database a Migrator migrates: its pool, and its engine.
 type target struct {
-	dsn string
-	// networkTimeout bounds connecting when the ctx has no deadline.
-	networkTimeout time.Duration
-	// wrap, if not nil, wraps lib/pq's connector of the migration pool
-	// (bmdb.Config.WrapConnector, Config.WrapConnector).
-	wrap func(driver.Connector) driver.Connector
-	// cockroach says that the server is CockroachDB (bmdb.Open has
-	// detected it; the Migrator's own entries detect it themselves): then
-	// the steps of that engine (cockroach.go) follow bmdb's migrations.
+	db *sql.DB
+	// cockroach says that the server is CockroachDB: then files run one
+	// statement at a time (driver.go), and the steps of that engine
+	// (cockroach.go) follow bmdb's migrations.
 	cockroach bool
 }
 
-// onOpen brings every source in srcs to its version (apply), or checks
-// that it is usable as it is; db is a pool on t, used for the lock-free
-// reads, and info names the caller in the lease. It migrates on mp if not
-// nil, else on a migration pool of its own.
-func onOpen(ctx context.Context, db *sql.DB, mp *migrationPool, t target, info string, apply bool, srcs []*source) error {
+// migrate brings every source of m to its version (apply), or checks that
+// it is usable as it is, and returns what it ran: it reads the versions on
+// m's pool without any lock, and migrates under the lease only what is
+// behind (or dirty).
+func (m *Migrator) migrate(ctx context.Context, apply bool) (*Result, error) {
+	res := &Result{}
 	var behind []*source
-	for _, src := range srcs {
-		v, err := readVersion(ctx, db, src)
+	for _, src := range m.srcs {
+		v, err := readVersion(ctx, m.db, src)
 		if err != nil {
-			return err
+			return res, err
 		}
-		ok, err := acceptWithoutMigrating(ctx, db, src, v, apply)
+		ok, err := acceptWithoutMigrating(ctx, m.db, src, v, apply)
 		if err != nil {
-			return err
+			return res, err
 		}
 		if !ok {
 			behind = append(behind, src)
 		}
 	}
+	if !apply {
+		return res, nil
+	}
+	t, err := m.target(ctx)
+	if err != nil {
+		return res, err
+	}
 	stepPending := false
-	if apply && t.cockroach {
-		var err error
-		if stepPending, err = cockroachStepPending(ctx, db); err != nil {
-			return err
+	if t.cockroach {
+		if stepPending, err = cockroachStepPending(ctx, t.db); err != nil {
+			return res, err
 		}
 	}
 	if len(behind) == 0 && !stepPending {
-		return nil
+		return res, nil
 	}
-	migrate := func(mp *migrationPool) error {
-		return mp.locked(ctx, info, func() error {
-			for _, src := range behind {
-				if err := mp.up(ctx, src); err != nil {
-					return err
-				}
+	err = t.locked(ctx, m.holderInfo, func() error {
+		for _, src := range behind {
+			ran, err := t.up(ctx, src)
+			res.Migrations = append(res.Migrations, ran...)
+			if err != nil {
+				return err
 			}
-			return mp.applySteps(ctx)
-		})
-	}
-	if mp != nil {
-		return migrate(mp)
-	}
-	return withMigrationPool(ctx, t, migrate)
+		}
+		steps, err := t.applySteps(ctx)
+		res.CockroachSteps = steps
+		return err
+	})
+	return res, err
 }
 
-// migrationPool is a pool for migrating: its connections have no lock or
-// idle timeout (a migration waits for locks, bounded by ctx) and are cut
-// when the ctx it was opened with ends, since golang-migrate's drivers run
-// their statements under context.Background().
-type migrationPool struct {
-	db        *sql.DB
-	dsn       string
-	cockroach bool
-	conn      *dbconn.Connector
-}
+// connectionsToMigrate is how many connections of the pool a migration
+// holds at once: the migration's, and the lease renewal's.
+const connectionsToMigrate = 2
 
-// withMigrationPool opens a migration pool on t within ctx, detects the
-// engine and runs fn.
-func withMigrationPool(ctx context.Context, t target, fn func(*migrationPool) error) error {
-	conn, err := dbconn.NewConnector(t.dsn, t.networkTimeout, dbconn.Settings{}, t.wrap)
+// locked runs fn holding the migration lease. A pool limited to fewer
+// connections than a migration holds is refused (see Migrator): on one
+// connection, held by the migration, the lease could not be renewed, and
+// would expire under a migration longer than it.
+func (t *target) locked(ctx context.Context, info string, fn func() error) error {
+	if n := t.db.Stats().MaxOpenConnections; n > 0 && n < connectionsToMigrate {
+		return invalidArgument("the pool is limited to %d open connection (sql.DB.SetMaxOpenConns; bmdb.Config.MaxOpenConns): migrating holds %d at once, "+
+			"one running the migration and one renewing the migration lease; allow %d or more, or migrate before (bmdbctl migrate up)", n, connectionsToMigrate, connectionsToMigrate)
+	}
+	lock, err := acquireMigrationLock(ctx, t.db, info)
 	if err != nil {
 		return err
-	}
-	conn.Bound(ctx)
-	db, err := dbconn.OpenPool(ctx, conn, t.dsn)
-	if err != nil {
-		return err
-	}
-	defer db.Close()
-	cockroach, err := dbconn.IsCockroach(ctx, db, t.dsn)
-	if err != nil {
-		return err
-	}
-	return fn(&migrationPool{db: db, dsn: t.dsn, cockroach: cockroach, conn: conn})
-}
-
-// locked runs fn holding the migration lease.
-func (mp *migrationPool) locked(ctx context.Context, info string, fn func() error) error {
-	lock, err := acquireMigrationLock(ctx, mp.db, info)
-	if err != nil {
-		return dbconn.RedactError(err, mp.dsn)
 	}
 	defer lock.release()
 	return fn()
@@ -331,64 +330,44 @@ func (noFiles) ReadDir(name string) ([]fs.DirEntry, error) {
 	return nil, &fs.PathError{Op: "readdir", Path: name, Err: fs.ErrNotExist}
 }
 
-// migrator returns golang-migrate over src on mp. Close it when done. On
-// CockroachDB it uses golang-migrate's cockroachdb driver over a pool of
-// its own (which that driver closes), after clearing a lock row left
-// behind; on PostgreSQL its postgres driver over one connection.
-func (mp *migrationPool) migrator(ctx context.Context, src *source) (*gomigrate.Migrate, error) {
+// migrator returns golang-migrate over src on a connection of t's pool
+// (migrationDriver). Close it when done, before the pool is used again:
+// that closes the connection. Of a schema the Migrator has no files of
+// it can only force a version.
+func (t *target) migrator(ctx context.Context, src *source) (*gomigrate.Migrate, *migrationDriver, error) {
 	fsys := src.fsys
 	switch {
 	case fsys == nil:
 		fsys = noFiles{}
 	case src.name == SchemaBmdb:
-		fsys = typesFS{FS: fsys, cockroach: mp.cockroach}
+		fsys = typesFS{FS: fsys, cockroach: t.cockroach}
 	}
 	files, err := iofs.New(fsys, ".")
 	if err != nil {
-		return nil, fmt.Errorf("migrations: reading the migrations of %s: %w", src.describe(), err)
+		return nil, nil, fmt.Errorf("migrations: reading the migrations of %s: %w", src.describe(), err)
 	}
-	var drv database.Driver
-	if mp.cockroach {
-		if err := clearCockroachDriverLock(ctx, mp.db); err != nil {
-			files.Close()
-			return nil, err
-		}
-		own := sql.OpenDB(mp.conn)
-		drv, err = cockroachdb.WithInstance(own, &cockroachdb.Config{MigrationsTable: src.table})
-		if err != nil {
-			own.Close()
-		}
-	} else {
-		var conn *sql.Conn
-		conn, err = mp.db.Conn(ctx)
-		if err == nil {
-			drv, err = postgres.WithConnection(ctx, conn, &postgres.Config{MigrationsTable: src.table})
-			if err != nil {
-				conn.Close()
-			}
-		}
-	}
+	drv, err := openDriver(ctx, t.db, src, t.cockroach)
 	if err != nil {
 		files.Close()
-		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
+		return nil, nil, err
 	}
-	m, err := gomigrate.NewWithInstance("iofs", files, mp.engineName(), drv)
+	m, err := gomigrate.NewWithInstance("iofs", files, t.engineName(), drv)
 	if err != nil {
 		drv.Close()
 		files.Close()
-		return nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), err)
+		return nil, nil, fmt.Errorf("migrations: preparing the migrations of %s: %w", src.describe(), err)
 	}
 	m.Log = migrateLogger{}
 	// golang-migrate reads the files ahead into a channel of this size
 	// and, if a migration fails, leaves its reader blocked on a full one:
 	// room for every file lets it finish.
 	m.PrefetchMigrations = max(m.PrefetchMigrations, uint(len(src.versions))+1)
-	return m, nil
+	return m, drv, nil
 }
 
-// engineName names mp's engine for golang-migrate.
-func (mp *migrationPool) engineName() string {
-	if mp.cockroach {
+// engineName names t's engine for golang-migrate.
+func (t *target) engineName() string {
+	if t.cockroach {
 		return "CockroachDB"
 	}
 	return "PostgreSQL"
@@ -404,49 +383,51 @@ func closeMigrator(m *gomigrate.Migrate) {
 
 // run runs step (Up, Steps, ...) on src's migrator, stopping between
 // migrations when ctx ends (a migration cut short by ctx is left dirty by
-// golang-migrate).
-func (mp *migrationPool) run(ctx context.Context, src *source, step func(*gomigrate.Migrate) error) error {
-	m, err := mp.migrator(ctx, src)
+// golang-migrate), and returns the migrations that ran. The migrator's
+// connection is closed before anything else reads the pool.
+func (t *target) run(ctx context.Context, src *source, step func(*gomigrate.Migrate) error) ([]Migration, error) {
+	m, drv, err := t.migrator(ctx, src)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer closeMigrator(m)
 	stop := context.AfterFunc(ctx, func() {
 		select {
 		case m.GracefulStop <- true:
 		default:
 		}
 	})
-	defer stop()
 	err = step(m)
+	stop()
+	closeMigrator(m)
+	ran := drv.done
 	if err == nil || errors.Is(err, gomigrate.ErrNoChange) {
-		return nil
+		return ran, nil
 	}
 	var dirty gomigrate.ErrDirty
 	if errors.As(err, &dirty) {
-		return dirtyError(ctx, mp.db, src, recorded{version: uint(dirty.Version), dirty: true})
+		return ran, dirtyError(ctx, t.db, src, recorded{version: uint(dirty.Version), dirty: true})
 	}
-	return fmt.Errorf("migrations: migrating %s: %w", src.describe(), dbconn.RedactError(dbconn.ContextError(ctx, err), mp.dsn))
+	return ran, fmt.Errorf("migrations: migrating %s: %w", src.describe(), dbconn.ContextError(ctx, err))
 }
 
 // up migrates src to its newest version, under the lease: it reads the
 // version again, recovers or refuses a dirty one, refuses a too new one,
 // and applies what is missing.
-func (mp *migrationPool) up(ctx context.Context, src *source) error {
-	v, err := readVersion(ctx, mp.db, src)
+func (t *target) up(ctx context.Context, src *source) ([]Migration, error) {
+	v, err := readVersion(ctx, t.db, src)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	switch {
 	case v.dirty:
-		return mp.recoverDirty(ctx, src, v)
+		return t.recoverDirty(ctx, src, v)
 	case v.version > src.latest:
-		return checkNewerSchema(ctx, mp.db, src, v.version)
+		return nil, checkNewerSchema(ctx, t.db, src, v.version)
 	case v.version == src.latest:
-		return nil
+		return nil, nil
 	}
 	klog.Infof("migrations: migrating %s from version %d to %d", src.describe(), v.version, src.latest)
-	return mp.run(ctx, src, (*gomigrate.Migrate).Up)
+	return t.run(ctx, src, (*gomigrate.Migrate).Up)
 }
 
 // migrateLogger sends golang-migrate's log to klog.

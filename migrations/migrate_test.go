@@ -26,7 +26,7 @@ func TestCockroachHalfAppliedMigrationRecovers(t *testing.T) {
 	migrateTo(t, migrator(t, dsn, nil, cockroach(0)), 11)
 	// 000012: DROP VIEW IF EXISTS, CREATE OR REPLACE VIEW, INSERT: stop
 	// before the INSERT.
-	err := migrator(t, dsn, nil, cockroach(2)).Up(ctx)
+	_, err := migrator(t, dsn, nil, cockroach(2)).Up(ctx)
 	if err == nil || !strings.Contains(err.Error(), "injected") {
 		t.Fatalf("Up with a failure between statements = %v", err)
 	}
@@ -41,7 +41,7 @@ func TestCockroachHalfAppliedMigrationRecovers(t *testing.T) {
 		t.Fatalf("the file did not half-apply: view %v, compat rows %d", exists(t, dsn, "machine_overview"), compat)
 	}
 
-	if err := next.Up(ctx); err != nil {
+	if _, err := next.Up(ctx); err != nil {
 		t.Fatalf("Up after the half-applied migration: %v", err)
 	}
 	if v := version(t, next, SchemaBmdb); v.Dirty || v.Database < 12 {
@@ -70,13 +70,13 @@ func TestCockroachDirtyApplicationMigration(t *testing.T) {
 			"000001_racks.up.sql":   {Data: []byte(body)},
 			"000001_racks.down.sql": {Data: []byte("DROP TABLE rack_slots; DROP TABLE racks;")},
 		}}
-		if err := migrator(t, dsn, app, cockroach(1)).Up(ctx); err == nil {
+		if _, err := migrator(t, dsn, app, cockroach(1)).Up(ctx); err == nil {
 			t.Fatalf("marked %v: Up with a failure between statements succeeded", marked)
 		}
 		if !exists(t, dsn, "racks") || exists(t, dsn, "rack_slots") {
 			t.Fatalf("marked %v: the file did not half-apply", marked)
 		}
-		err := migrator(t, dsn, app, cockroach(0)).Up(ctx)
+		_, err := migrator(t, dsn, app, cockroach(0)).Up(ctx)
 		var verr *SchemaVersionError
 		switch {
 		case marked && err != nil:
@@ -120,7 +120,7 @@ func TestFirstMigrationRecovers(t *testing.T) {
 			testdb.SkipOnCockroach(t, "emulates the failures in cockroach mode")
 			dsn := testdb.NewEmpty(t)
 			if tc.setup == "" {
-				err := migrator(t, dsn, nil, tc.mode).Up(ctx)
+				_, err := migrator(t, dsn, nil, tc.mode).Up(ctx)
 				if err == nil || !strings.Contains(err.Error(), "injected") {
 					t.Fatalf("Up with a failure in 000001 = %v", err)
 				}
@@ -135,7 +135,7 @@ func TestFirstMigrationRecovers(t *testing.T) {
 			if v := version(t, m, SchemaBmdb); v.Database != 1 || !v.Dirty {
 				t.Fatalf("version before recovery = %+v; want 1, dirty", v)
 			}
-			if err := m.Up(ctx); err != nil {
+			if _, err := m.Up(ctx); err != nil {
 				t.Fatalf("Up of a dirty 000001: %v", err)
 			}
 			if v := version(t, m, SchemaBmdb); v.Dirty || v.Database != v.Binary {
@@ -175,5 +175,54 @@ func TestIdempotentTypes(t *testing.T) {
 	}
 	if got := idempotentTypes("-- CREATE TYPE x AS ENUM ('a');\nCREATE TYPE IF NOT EXISTS y AS ENUM ('b');\n", false); got != "-- CREATE TYPE x AS ENUM ('a');\nCREATE TYPE IF NOT EXISTS y AS ENUM ('b');\n" {
 		t.Errorf("idempotentTypes rewrote a comment or an idempotent statement: %q", got)
+	}
+}
+
+// An application's migration that adds a column and a partial index on
+// it, as bmdb's 000015 does, applies on every CockroachDB version, and
+// reverts: its statements run one by one there. (Before, the file was one
+// transaction on 23.2/24.x and on 25.x with autocommit_before_ddl off,
+// refused with 0A000, and left dirty for good.)
+func TestCockroachApplicationPartialIndex(t *testing.T) {
+	t.Parallel()
+	testdb.SkipOnCockroach(t, "emulates each version")
+	off := false
+	app := &Application{Name: "racks", Migrations: fstest.MapFS{
+		"000001_racks.up.sql":   {Data: []byte("CREATE TABLE IF NOT EXISTS racks (id INT8 PRIMARY KEY, name TEXT NOT NULL);\n")},
+		"000001_racks.down.sql": {Data: []byte("DROP TABLE IF EXISTS racks;\n")},
+		"000002_retired.up.sql": {Data: []byte("-- bmdb:rerunnable\nALTER TABLE racks ADD COLUMN IF NOT EXISTS retired_at TIMESTAMPTZ;\n" +
+			"CREATE UNIQUE INDEX IF NOT EXISTS racks_live_name_idx ON racks (name) WHERE retired_at IS NULL;\n")},
+		"000002_retired.down.sql": {Data: []byte("DROP INDEX IF EXISTS racks_live_name_idx;\nALTER TABLE racks DROP COLUMN IF EXISTS retired_at;\n")},
+	}}
+	for _, mode := range []struct {
+		name string
+		s    crdbmode.Settings
+	}{
+		{"23.2", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}},
+		{"24.1", crdbmode.Settings{Enabled: true, Version: crdbmode.Version{Major: 24, Minor: 1}}},
+		{"25.2, autocommit_before_ddl off", crdbmode.Settings{Enabled: true, AutocommitBeforeDDL: &off}},
+		{"25.2", crdbmode.Settings{Enabled: true}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			dsn := testdb.New(t)
+			m := migrator(t, dsn, app, mode.s)
+			if _, err := m.Up(ctx); err != nil {
+				t.Fatalf("Up: %v", err)
+			}
+			if v := version(t, m, "racks"); v.Dirty || v.Database != 2 || !exists(t, dsn, "racks_live_name_idx") {
+				t.Fatalf("after Up: %+v, index %v", v, exists(t, dsn, "racks_live_name_idx"))
+			}
+			if _, err := m.Down(ctx, "racks", 1); err != nil {
+				t.Fatalf("Down: %v", err)
+			}
+			if _, err := m.Up(ctx); err != nil {
+				t.Fatalf("Up after Down: %v", err)
+			}
+			if v := version(t, m, "racks"); v.Dirty || v.Database != 2 || !exists(t, dsn, "racks_live_name_idx") {
+				t.Fatalf("after Down and Up: %+v", v)
+			}
+		})
 	}
 }

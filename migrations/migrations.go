@@ -2,15 +2,22 @@
 // golang-migrate files, embedded into every binary that links bmdb (FS,
 // Schema), an application's own schema on top of it (Application), and
 // the Migrator that brings a database to both and administers them.
-// bmdb.Open uses it (migrating, or only checking with
-// Config.SkipMigrations), and so does bmdbctl migrate; an application's
-// own tooling can too:
+// bmdb.Open uses it on its Connection's pool (migrating, or only checking
+// with Config.SkipMigrations), and so does bmdbctl migrate; an
+// application's own tooling can too, on the pool it already has:
 //
-//	m, err := migrations.New(dsn, &migrations.Config{Application: app, HolderInfo: "deploy job 42"})
+//	db, err := sql.Open("postgres", dsn) // the application's pool
+//	m, err := migrations.New(db, &migrations.Config{Application: app, HolderInfo: "deploy job 42"})
 //	if err != nil {
-//		// a bad DSN or Application: errors.Is(err, migrations.ErrInvalidArgument)
+//		// a nil db or a bad Application: errors.Is(err, migrations.ErrInvalidArgument)
 //	}
-//	err = m.Up(ctx) // bmdb's schema, then the application's
+//	res, err := m.Up(ctx) // bmdb's schema, then the application's
+//	for _, r := range res.Migrations {
+//		log.Printf("ran %s (%s) in %v", r.Name, r.Schema, r.Duration)
+//	}
+//
+// A Migrator holds two of the pool's connections while it migrates (see
+// Migrator): a pool limited to one is refused.
 //
 // # Files
 //
@@ -37,17 +44,41 @@
 // bmdb_schema_compat (bmdb's) or bmdb_app_schema_compat (an
 // application's), and refused with ErrSchemaTooNew otherwise.
 //
+// # How a file runs
+//
+// PostgreSQL runs a file in one Exec: one implicit transaction, so all of
+// it takes effect or none. CockroachDB gets each statement of a file in an
+// Exec of its own, each its own implicit transaction (driver.go), with
+// autocommit_before_ddl on where the version has it, and so does an
+// application's file: a whole file in one Exec is one transaction on
+// CockroachDB 23.2 and 24.x, and on 25.x where a role turned
+// autocommit_before_ddl off, and CockroachDB refuses there a schema change
+// that builds on an earlier one of the same transaction. bmdb's 000015
+// adds work.slot and a partial index WHERE slot IS NOT NULL: "cannot
+// create partial index on column ... which is not public", 0A000
+// (cockroach#83593, open); 000014's down file (and its up file, run
+// again) drops a constraint and adds it back under the same name:
+// "duplicate constraint name", 42710 (cockroach#55184). Sent whole, such a
+// file failed, its version stayed dirty, running it again failed the same
+// way, and Open never got past it. Sent statement by statement, it applies
+// on every version, an application's partial index on a column it adds
+// included. What was read and what was run: the two refusals and the
+// versions with autocommit_before_ddl (added in 24.1, on by default from
+// 25.1) are from CockroachDB's issues and documentation; cockroach mode
+// (internal/testing/crdbmode) emulates them per version, and the tests
+// migrate there on 23.2, 24.x and 25.x with the setting off, up, down to
+// 000013 and up again; no real cluster ran them here.
+//
 // # Dirty versions
 //
-// A migration must not fail half-way silently. PostgreSQL runs a file in
-// one transaction, but CockroachDB does not: 25.x commits what precedes
-// each DDL statement on its own (autocommit_before_ddl), and 23.2/24.x may
-// report a multi-statement schema change committed in part (XXA00). And on
-// either engine a migrator killed or cut off in a migration leaves its
-// version dirty, whether or not the server finished the file after its
-// client was gone. So each up file is either one statement or safe to run
-// again from any partial state (IF NOT EXISTS, IF EXISTS, OR REPLACE, ON
-// CONFLICT DO NOTHING throughout), and says so with a line of its own:
+// A migration must not fail half-way silently. On CockroachDB a file
+// stopped between two statements (a statement failed, its node drained)
+// has the statements before it applied; and on either engine a migrator
+// killed or cut off in a migration leaves its version dirty, whether or
+// not the server finished the file after its client was gone. So each up
+// file is either one statement or safe to run again from any partial
+// state (IF NOT EXISTS, IF EXISTS, OR REPLACE, ON CONFLICT DO NOTHING
+// throughout), and says so with a line of its own:
 //
 //	-- bmdb:rerunnable
 //
@@ -61,7 +92,7 @@
 // Every file of bmdb's carries the marker, 000001 included, whose CREATE
 // TYPE bmdb runs in each engine's idempotent form (types.go), so a migrating
 // Open never refuses bmdb's schema as dirty. Application migrations follow
-// the same rules, their files run as written.
+// the same rules; their files run as written (no CREATE TYPE rewriting).
 package migrations
 
 import (

@@ -3,29 +3,21 @@ package migrations
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
-	"time"
+	"sync"
 	"unicode/utf8"
 
 	gomigrate "github.com/golang-migrate/migrate/v4"
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
-	"github.com/bmdb-dev/bmdb/internal/migrationhook"
 	"github.com/bmdb-dev/bmdb/internal/procinfo"
 )
 
-// Defaults and limits of Config.
-const (
-	// NetworkTimeoutDefault is the default Config.NetworkTimeout.
-	NetworkTimeoutDefault = 10 * time.Second
-	// MaxHolderInfoLength is the longest Config.HolderInfo, in bytes.
-	MaxHolderInfoLength = 4096
-)
+// MaxHolderInfoLength is the longest Config.HolderInfo, in bytes.
+const MaxHolderInfoLength = 4096
 
 // Config configures a Migrator. A nil *Config is the zero Config: bmdb's
 // schema only, with every default.
@@ -44,67 +36,65 @@ type Config struct {
 	// Defaults to the program's name, host and process id, and its build
 	// (as bmdb.Config.RuntimeInfo's default).
 	HolderInfo string
-
-	// NetworkTimeout bounds what no context bounds: connecting when the
-	// caller's context has no deadline, and, as TCP keepalives and the TCP
-	// user timeout where the platform has one, how long a connection may
-	// go without the server acknowledging it. Calls are cut when their
-	// context ends, whatever this says. Must not be negative. Defaults to
-	// NetworkTimeoutDefault.
-	NetworkTimeout time.Duration
-
-	// WrapConnector, if not nil, wraps lib/pq's driver.Connector of each
-	// pool the Migrator opens, as bmdb.Config.WrapConnector does a
-	// Connection's (tests stand in for another server with it). Defaults
-	// to nil.
-	WrapConnector func(driver.Connector) driver.Connector
 }
 
 // Migrator brings a database's schemas, bmdb's and an application's, to
 // the versions of its files, and administers them: versions, reverting,
-// forcing a version after a repair, and the migration lease. Its methods
-// hold no connection between calls: each opens a pool of its own on the
-// DSN and closes it before it returns. A Migrator is safe for concurrent
-// use, and so are Migrators of many processes on one database: those that
-// change a schema take turns through the migration lease (package
-// documentation).
+// forcing a version after a repair, and the migration lease. It works on
+// the pool it was made with (New), which it never closes, and detects the
+// engine behind it (CockroachDB or PostgreSQL) on its first migration. A
+// Migrator is safe for concurrent use, and so are Migrators of many
+// processes on one database: those that change a schema take turns
+// through the migration lease (package documentation).
 //
-// Every method's ctx bounds the whole call, connecting, waiting for the
-// lease and migrating included: when it ends the call's connections are
-// cut, and the call returns an error wrapping ctx's error. A migration cut
-// short so is left dirty; the next Up runs it again if its file is marked
-// "-- bmdb:rerunnable", and refuses it with a *SchemaVersionError saying
-// how to repair it otherwise. Errors never contain the DSN's password.
+// Connections: a method holds none of the pool's connections between
+// calls. Reading (Check, Versions, ReadLock, ClearLock) takes one at a
+// time. Migrating (Up, Down, Force) holds two at once under the lease: one
+// runs golang-migrate (taken for the run and then closed, not returned to
+// the pool, since its session settings are the migration's: no lock or
+// idle timeout, and autocommit_before_ddl on CockroachDB), and one at a
+// time renews the lease in the background. So a pool limited to a single
+// connection (sql.DB.SetMaxOpenConns(1), bmdb.Config.MaxOpenConns 1) is
+// refused for migrating with ErrInvalidArgument: the lease could not be
+// renewed while the migration held that connection, and would expire
+// under a long migration. Connections the rest of the program holds delay
+// a migration, for as long as ctx allows.
+//
+// Every method's ctx bounds the whole call, waiting for the lease and
+// migrating included: every statement runs under it, and when it ends the
+// call returns an error wrapping ctx's error (how soon a statement stops
+// is the pool's driver's: bmdb's cuts the connection at once). A migration
+// cut short so is left dirty; the next Up runs it again if its file is
+// marked "-- bmdb:rerunnable", and refuses it with a *SchemaVersionError
+// saying how to repair it otherwise.
 type Migrator struct {
-	dsn        string
+	db         *sql.DB
 	holderInfo string
-	timeout    time.Duration
-	srcs       []*source                               // bmdb's, then the Application's
-	wrap       func(driver.Connector) driver.Connector // Config.WrapConnector
+	srcs       []*source // bmdb's, then the Application's
+
+	engineMu    sync.Mutex // guards engineKnown and cockroach
+	engineKnown bool       // set once the engine is detected
+	cockroach   bool       // the server is CockroachDB
 }
 
-// New returns a Migrator of the database at dsn (a lib/pq connection
-// string, as for bmdb.Config.DSN) with cfg, which may be nil. It does not
-// connect. Its errors wrap ErrInvalidArgument and name what is wrong: an
-// empty or malformed DSN, an invalid Config.Application (see
-// Application.Validate) or files of it golang-migrate cannot read, an
-// invalid HolderInfo or a negative NetworkTimeout.
-func New(dsn string, cfg *Config) (*Migrator, error) {
+// New returns a Migrator of the database behind db, the application's
+// pool (from sql.Open or sql.OpenDB of lib/pq or pgx's stdlib; bmdb.Open
+// passes its own), with cfg, which may be nil. It does not connect, and
+// never closes db. Its errors wrap ErrInvalidArgument and name what is
+// wrong: a nil db, an invalid Config.Application (see
+// Application.Validate) or files of it golang-migrate cannot read, or an
+// invalid HolderInfo.
+func New(db *sql.DB, cfg *Config) (*Migrator, error) {
 	if cfg == nil {
 		cfg = &Config{}
 	}
 	switch {
-	case dsn == "":
-		return nil, invalidArgument("DSN is empty")
+	case db == nil:
+		return nil, invalidArgument("New: db is nil")
 	case len(cfg.HolderInfo) > MaxHolderInfoLength:
 		return nil, invalidArgument("Config.HolderInfo is %d bytes long, more than %d", len(cfg.HolderInfo), MaxHolderInfoLength)
 	case !utf8.ValidString(cfg.HolderInfo) || strings.ContainsRune(cfg.HolderInfo, 0):
 		return nil, invalidArgument("Config.HolderInfo is not valid UTF-8 or contains NUL")
-	case cfg.NetworkTimeout < 0:
-		return nil, invalidArgument("Config.NetworkTimeout is %v, must not be negative", cfg.NetworkTimeout)
-	}
-	if _, err := dbconn.NewConnector(dsn, time.Second, dbconn.Settings{}, nil); err != nil {
-		return nil, invalidArgument("DSN is malformed: %s", strings.TrimPrefix(err.Error(), dbconn.ErrMalformedDSN.Error()+": "))
 	}
 	if cfg.Application != nil {
 		if err := cfg.Application.Validate(); err != nil {
@@ -118,41 +108,25 @@ func New(dsn string, cfg *Config) (*Migrator, error) {
 		}
 		return nil, err
 	}
-	m := &Migrator{dsn: dsn, holderInfo: cfg.HolderInfo, timeout: cfg.NetworkTimeout, srcs: srcs, wrap: cfg.WrapConnector}
+	m := &Migrator{db: db, holderInfo: cfg.HolderInfo, srcs: srcs}
 	if m.holderInfo == "" {
 		m.holderInfo = procinfo.Describe()
-	}
-	if m.timeout == 0 {
-		m.timeout = NetworkTimeoutDefault
 	}
 	return m, nil
 }
 
-func init() {
-	migrationhook.Open = func(ctx context.Context, m any, o migrationhook.Options) error {
-		mg := m.(*Migrator)
-		t := mg.target()
-		t.wrap, t.cockroach = o.Wrap, o.Cockroach
-		return onOpen(ctx, o.DB, nil, t, mg.holderInfo, o.Apply, mg.srcs)
+// target returns m's database, detecting its engine on first use.
+func (m *Migrator) target(ctx context.Context) (*target, error) {
+	m.engineMu.Lock()
+	defer m.engineMu.Unlock()
+	if !m.engineKnown {
+		cockroach, err := dbconn.IsCockroach(ctx, m.db, "")
+		if err != nil {
+			return nil, err
+		}
+		m.cockroach, m.engineKnown = cockroach, true
 	}
-}
-
-// target is m's database.
-func (m *Migrator) target() target {
-	return target{dsn: m.dsn, networkTimeout: m.timeout, wrap: m.wrap}
-}
-
-// withPool runs fn on a migration pool of m's database.
-func (m *Migrator) withPool(ctx context.Context, fn func(*migrationPool) error) error {
-	return malformed(withMigrationPool(ctx, m.target(), fn))
-}
-
-// malformed makes a malformed DSN an invalid argument.
-func malformed(err error) error {
-	if errors.Is(err, dbconn.ErrMalformedDSN) {
-		return invalidArgument("DSN is malformed: %s", strings.TrimPrefix(err.Error(), dbconn.ErrMalformedDSN.Error()+": "))
-	}
-	return err
+	return &target{db: m.db, cockroach: m.cockroach}, nil
 }
 
 // Up brings bmdb's schema, then the Application's, to the newest versions
@@ -161,19 +135,16 @@ func malformed(err error) error {
 // (waiting for another migrator's, for as long as ctx allows), reads
 // again and migrates. A dirty version whose file is marked
 // "-- bmdb:rerunnable" is forced back and run again. On CockroachDB it then
-// applies that engine's own steps (docs/cockroachdb.md).
+// applies that engine's own steps (docs/cockroachdb.md). It returns what
+// it ran, also with an error (what ran before it).
 //
-// It returns a *SchemaVersionError wrapping ErrSchemaDirty for a dirty
+// The error is a *SchemaVersionError wrapping ErrSchemaDirty for a dirty
 // version it cannot run again (the error says how to repair it), and
 // wrapping ErrSchemaTooNew for a schema newer than m's files that does not
 // declare them compatible; a newer schema that does is left as it is. If
 // ctx ends while it waits for the lease, the error names the holder.
-func (m *Migrator) Up(ctx context.Context) error {
-	return m.withPool(ctx, func(mp *migrationPool) error {
-		t := m.target()
-		t.cockroach = mp.cockroach
-		return onOpen(ctx, mp.db, mp, t, m.holderInfo, true, m.srcs)
-	})
+func (m *Migrator) Up(ctx context.Context) (*Result, error) {
+	return m.migrate(ctx, true)
 }
 
 // Check reports whether a binary with m's files may use the database's
@@ -185,9 +156,8 @@ func (m *Migrator) Up(ctx context.Context) error {
 // ErrSchemaDirty (which says how to repair the schema) for the first
 // schema that is not.
 func (m *Migrator) Check(ctx context.Context) error {
-	return m.withPool(ctx, func(mp *migrationPool) error {
-		return onOpen(ctx, mp.db, mp, m.target(), m.holderInfo, false, m.srcs)
-	})
+	_, err := m.migrate(ctx, false)
+	return err
 }
 
 // source returns m's source of schema, or an error wrapping
@@ -207,44 +177,50 @@ func (m *Migrator) source(op, schema string) (*source, error) {
 
 // Down reverts the newest steps migrations (steps > 0) of schema, which is
 // SchemaBmdb or the Application's name, holding the migration lease
-// (waiting for it as Up does). Data of what they created is lost. Revert
-// an application's migrations before bmdb's that its tables reference.
+// (waiting for it as Up does), and returns what it ran, also with an
+// error. Data of what they created is lost. Revert an application's
+// migrations before bmdb's that its tables reference.
 //
 // Errors wrap ErrInvalidArgument for a schema m has no files of, steps
 // below 1, or more steps than the schema has migrations applied; a dirty
 // schema, or one newer than m's files, is a *SchemaVersionError.
-func (m *Migrator) Down(ctx context.Context, schema string, steps int) error {
+func (m *Migrator) Down(ctx context.Context, schema string, steps int) (*Result, error) {
+	res := &Result{}
 	src, err := m.source("Down", schema)
 	if err != nil {
-		return err
+		return res, err
 	}
 	if steps < 1 {
-		return invalidArgument("Down: steps is %d, must be positive", steps)
+		return res, invalidArgument("Down: steps is %d, must be positive", steps)
 	}
-	return m.withPool(ctx, func(mp *migrationPool) error {
-		return mp.locked(ctx, m.holderInfo, func() error {
-			v, err := readVersion(ctx, mp.db, src)
-			switch {
-			case err != nil:
-				return err
-			case v.dirty:
-				return dirtyError(ctx, mp.db, src, v)
-			case v.version > src.latest:
-				return src.versionError(v)
+	t, err := m.target(ctx)
+	if err != nil {
+		return res, err
+	}
+	err = t.locked(ctx, m.holderInfo, func() error {
+		v, err := readVersion(ctx, t.db, src)
+		switch {
+		case err != nil:
+			return err
+		case v.dirty:
+			return dirtyError(ctx, t.db, src, v)
+		case v.version > src.latest:
+			return src.versionError(v)
+		}
+		applied := 0
+		for _, f := range src.versions {
+			if f <= v.version {
+				applied++
 			}
-			applied := 0
-			for _, f := range src.versions {
-				if f <= v.version {
-					applied++
-				}
-			}
-			if steps > applied {
-				return invalidArgument("Down: steps is %d, but %s (table %s) has %d migrations applied, up to version %d", steps, src.describe(), src.table, applied, v.version)
-			}
-			klog.Infof("migrations: reverting %d migrations of %s from version %d", steps, src.describe(), v.version)
-			return mp.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Steps(-steps) })
-		})
+		}
+		if steps > applied {
+			return invalidArgument("Down: steps is %d, but %s (table %s) has %d migrations applied, up to version %d", steps, src.describe(), src.table, applied, v.version)
+		}
+		klog.Infof("migrations: reverting %d migrations of %s from version %d", steps, src.describe(), v.version)
+		res.Migrations, err = t.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Steps(-steps) })
+		return err
 	})
+	return res, err
 }
 
 // SchemaVersion is the version of one schema in a database (Versions).
@@ -275,29 +251,26 @@ ORDER BY table_name`
 // Versions but its SchemaVersion.Err; errors are those of reaching and
 // reading the database.
 func (m *Migrator) Versions(ctx context.Context) ([]SchemaVersion, error) {
+	srcs, err := m.allSources(ctx, m.db)
+	if err != nil {
+		return nil, err
+	}
 	var out []SchemaVersion
-	err := m.withPool(ctx, func(mp *migrationPool) error {
-		srcs, err := m.allSources(ctx, mp.db)
+	for _, src := range srcs {
+		v, err := readVersion(ctx, m.db, src)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		for _, src := range srcs {
-			v, err := readVersion(ctx, mp.db, src)
-			if err != nil {
-				return err
-			}
-			sv := SchemaVersion{Schema: src.name, Table: src.table, Database: v.version, Dirty: v.dirty, Binary: src.latest}
-			switch {
-			case v.dirty:
-				sv.Err = dirtyError(ctx, mp.db, src, v)
-			case src.fsys != nil:
-				_, sv.Err = acceptWithoutMigrating(ctx, mp.db, src, v, false)
-			}
-			out = append(out, sv)
+		sv := SchemaVersion{Schema: src.name, Table: src.table, Database: v.version, Dirty: v.dirty, Binary: src.latest}
+		switch {
+		case v.dirty:
+			sv.Err = dirtyError(ctx, m.db, src, v)
+		case src.fsys != nil:
+			_, sv.Err = acceptWithoutMigrating(ctx, m.db, src, v, false)
 		}
-		return nil
-	})
-	return out, err
+		out = append(out, sv)
+	}
+	return out, nil
 }
 
 // allSources returns m's sources, then one for every other application
@@ -346,24 +319,27 @@ func (m *Migrator) Force(ctx context.Context, schema string, version uint) (Sche
 			return SchemaVersion{}, err // before connecting
 		}
 	}
+	src, err := m.forceSource(ctx, m.db, schema)
+	if err != nil {
+		return SchemaVersion{}, err
+	}
+	t, err := m.target(ctx)
+	if err != nil {
+		return SchemaVersion{}, err
+	}
 	var before SchemaVersion
-	err := m.withPool(ctx, func(mp *migrationPool) error {
-		src, err := m.forceSource(ctx, mp.db, schema)
+	err = t.locked(ctx, m.holderInfo, func() error {
+		v, err := readVersion(ctx, t.db, src)
 		if err != nil {
 			return err
 		}
-		return mp.locked(ctx, m.holderInfo, func() error {
-			v, err := readVersion(ctx, mp.db, src)
-			if err != nil {
-				return err
-			}
-			before = SchemaVersion{Schema: src.name, Table: src.table, Database: v.version, Dirty: v.dirty, Binary: src.latest}
-			if err := src.knows(version, v); err != nil {
-				return err
-			}
-			klog.Warningf("migrations: forcing %s (table %s) from version %d (dirty %v) to version %d", src.describe(), src.table, v.version, v.dirty, version)
-			return mp.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Force(forceVersion(version)) })
-		})
+		before = SchemaVersion{Schema: src.name, Table: src.table, Database: v.version, Dirty: v.dirty, Binary: src.latest}
+		if err := src.knows(version, v); err != nil {
+			return err
+		}
+		klog.Warningf("migrations: forcing %s (table %s) from version %d (dirty %v) to version %d", src.describe(), src.table, v.version, v.dirty, version)
+		_, err = t.run(ctx, src, func(g *gomigrate.Migrate) error { return g.Force(forceVersion(version)) })
+		return err
 	})
 	return before, err
 }
@@ -427,38 +403,29 @@ func versionList(versions []uint) string {
 // migrator holds one (or none ever did: no bmdb_migration_lock). It takes
 // no lock; errors are those of reaching and reading the database.
 func (m *Migrator) ReadLock(ctx context.Context) (*Lock, error) {
-	var lock *Lock
-	err := m.withPool(ctx, func(mp *migrationPool) error {
-		var err error
-		lock, err = readMigrationLock(ctx, mp.db)
-		if err != nil {
-			return fmt.Errorf("migrations: reading the migration lock: %w", dbconn.ContextError(ctx, err))
-		}
-		return nil
-	})
-	return lock, err
+	lock, err := readMigrationLock(ctx, m.db)
+	if err != nil {
+		return nil, fmt.Errorf("migrations: reading the migration lock: %w", dbconn.ContextError(ctx, err))
+	}
+	return lock, nil
 }
 
-// ClearLock deletes the migration lease and golang-migrate's cockroachdb
-// lock row of the database, live or not, and reports whether there was
-// anything to delete. It is an operator's override: a migrator still
+// ClearLock deletes the migration lease of the database, live or not, and
+// a golang-migrate cockroachdb lock row (schema_lock) that a bmdb binary
+// from before bmdb's own migration driver left, and reports whether there
+// was anything to delete. It is an operator's override: a migrator still
 // running loses its lease (it logs so when it next renews it) and another
 // may start beside it. It does not wait for the lease.
 func (m *Migrator) ClearLock(ctx context.Context) (bool, error) {
-	var cleared bool
-	err := m.withPool(ctx, func(mp *migrationPool) error {
-		lease, err := mp.db.ExecContext(ctx, clearMigrationLockSQL)
-		n, err := clearedRows(lease, err)
-		if err != nil {
-			return fmt.Errorf("migrations: clearing the migration lock: %w", dbconn.ContextError(ctx, err))
-		}
-		driverLock, err := mp.db.ExecContext(ctx, clearCockroachLockSQL)
-		k, err := clearedRows(driverLock, err)
-		if err != nil {
-			return fmt.Errorf("migrations: clearing golang-migrate's schema_lock: %w", dbconn.ContextError(ctx, err))
-		}
-		cleared = n+k > 0
-		return nil
-	})
-	return cleared, err
+	lease, err := m.db.ExecContext(ctx, clearMigrationLockSQL)
+	n, err := clearedRows(lease, err)
+	if err != nil {
+		return false, fmt.Errorf("migrations: clearing the migration lock: %w", dbconn.ContextError(ctx, err))
+	}
+	driverLock, err := m.db.ExecContext(ctx, clearCockroachLockSQL)
+	k, err := clearedRows(driverLock, err)
+	if err != nil {
+		return false, fmt.Errorf("migrations: clearing golang-migrate's schema_lock: %w", dbconn.ContextError(ctx, err))
+	}
+	return n+k > 0, nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -44,7 +45,7 @@ func TestMigratorUpDownUp(t *testing.T) {
 	if err := m.Check(ctx); !errors.Is(err, ErrSchemaTooOld) {
 		t.Fatalf("Check of an empty database = %v, want ErrSchemaTooOld", err)
 	}
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := bmdbTables(t, db); n != 5 {
@@ -53,7 +54,7 @@ func TestMigratorUpDownUp(t *testing.T) {
 	if err := m.Check(ctx); err != nil {
 		t.Fatalf("Check after Up = %v", err)
 	}
-	if err := m.Down(ctx, SchemaBmdb, 1); err != nil {
+	if _, err := m.Down(ctx, SchemaBmdb, 1); err != nil {
 		t.Fatalf("Down 1: %v", err)
 	}
 	if v := version(t, m, SchemaBmdb); v.Database != latest-1 || v.Dirty {
@@ -68,18 +69,18 @@ func TestMigratorUpDownUp(t *testing.T) {
 		{SchemaBmdb, int(latest), "has " + itoa(latest-1) + " migrations applied"},
 		{"racks", 1, `schema "racks" is not one this Migrator has the files of`},
 	} {
-		if err := m.Down(ctx, tc.schema, tc.steps); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+		if _, err := m.Down(ctx, tc.schema, tc.steps); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Down(%q, %d) = %v, want ErrInvalidArgument with %q", tc.schema, tc.steps, err, tc.want)
 		}
 	}
-	if err := m.Down(ctx, SchemaBmdb, int(latest-1)); err != nil {
+	if _, err := m.Down(ctx, SchemaBmdb, int(latest-1)); err != nil {
 		t.Fatalf("Down to nothing: %v", err)
 	}
 	if n := bmdbTables(t, db); n != 0 {
 		t.Fatalf("%d tables after Down to nothing", n)
 	}
 	for range 2 {
-		if err := m.Up(ctx); err != nil {
+		if _, err := m.Up(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,32 +91,33 @@ func TestMigratorUpDownUp(t *testing.T) {
 
 func itoa(v uint) string { return strconv.FormatUint(uint64(v), 10) }
 
-// New refuses bad input before connecting, naming what is wrong, and
-// never shows the DSN's password.
+// New refuses bad input before connecting, naming what is wrong.
 func TestNewRejectsBadInput(t *testing.T) {
 	t.Parallel()
-	good := "postgres://u@127.0.0.1:1/db"
+	db, err := sql.Open("postgres", "postgres://u@127.0.0.1:1/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
 	for _, tc := range []struct {
-		dsn  string
+		db   *sql.DB
 		cfg  *Config
 		want string
 	}{
-		{"", nil, "DSN is empty"},
-		{"postgres://u:s3cret@127.0.0.1:port/db", nil, "DSN is malformed"},
-		{good, &Config{HolderInfo: "a\x00b"}, "Config.HolderInfo is not valid UTF-8"},
-		{good, &Config{HolderInfo: strings.Repeat("x", MaxHolderInfoLength+1)}, "Config.HolderInfo is 4097 bytes long"},
-		{good, &Config{NetworkTimeout: -time.Second}, "Config.NetworkTimeout is -1s"},
-		{good, &Config{Application: &Application{Name: "Racks", Migrations: appFiles(nil)}}, `Application.Name "Racks" must be`},
-		{good, &Config{Application: &Application{Name: "racks", Migrations: appFiles(nil)}}, `Config.Application "racks": migrations: reading the migrations of application racks`},
-		{good, &Config{Application: &Application{Name: "racks", Migrations: appFiles(map[string]string{"000001_a": "", "000001_b": ""})}}, `Config.Application "racks"`},
+		{nil, nil, "New: db is nil"},
+		{db, &Config{HolderInfo: "a\x00b"}, "Config.HolderInfo is not valid UTF-8"},
+		{db, &Config{HolderInfo: strings.Repeat("x", MaxHolderInfoLength+1)}, "Config.HolderInfo is 4097 bytes long"},
+		{db, &Config{Application: &Application{Name: "Racks", Migrations: appFiles(nil)}}, `Application.Name "Racks" must be`},
+		{db, &Config{Application: &Application{Name: "racks", Migrations: appFiles(nil)}}, `Config.Application "racks": migrations: reading the migrations of application racks`},
+		{db, &Config{Application: &Application{Name: "racks", Migrations: appFiles(map[string]string{"000001_a": "", "000001_b": ""})}}, `Config.Application "racks"`},
 	} {
-		_, err := New(tc.dsn, tc.cfg)
-		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) || strings.Contains(err.Error(), "s3cret") {
-			t.Errorf("New(%q, %+v) = %v, want ErrInvalidArgument with %q", tc.dsn, tc.cfg, err, tc.want)
+		_, err := New(tc.db, tc.cfg)
+		if !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New(%v, %+v) = %v, want ErrInvalidArgument with %q", tc.db, tc.cfg, err, tc.want)
 		}
 	}
-	if _, err := New(good, nil); err != nil {
-		t.Errorf("New(good, nil) = %v", err)
+	if _, err := New(db, nil); err != nil {
+		t.Errorf("New(db, nil) = %v", err)
 	}
 }
 
@@ -184,12 +186,12 @@ func TestDirtyApplicationFinishedByServer(t *testing.T) {
 	app := func(files map[string]string) *Application {
 		return &Application{Name: "firmware", Migrations: appFiles(files)}
 	}
-	if err := migrator(t, dsn, app(firmwareV1), plain).Up(ctx); err != nil {
+	if _, err := migrator(t, dsn, app(firmwareV1), plain).Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	cut, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
 	defer cancel()
-	if err := migrator(t, dsn, app(firmwareV2), plain).Up(cut); err == nil {
+	if _, err := migrator(t, dsn, app(firmwareV2), plain).Up(cut); err == nil {
 		t.Fatal("Up cut off during the slow migration succeeded")
 	}
 	// The server finishes the file after its client is gone.
@@ -210,7 +212,7 @@ func TestDirtyApplicationFinishedByServer(t *testing.T) {
 	}
 
 	m := migrator(t, dsn, app(firmwareV2), plain)
-	err := m.Up(ctx)
+	_, err := m.Up(ctx)
 	var verr *SchemaVersionError
 	if !errors.As(err, &verr) || !errors.Is(err, ErrSchemaDirty) {
 		t.Fatalf("Up of the dirty schema = %v, want ErrSchemaDirty", err)
@@ -233,7 +235,7 @@ func TestDirtyApplicationFinishedByServer(t *testing.T) {
 	if err != nil || before.Database != 2 || !before.Dirty {
 		t.Fatalf("Force(firmware, 2) = %+v, %v; want it to have been 2, dirty", before, err)
 	}
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up after forcing the version the schema matches: %v", err)
 	}
 	if v := version(t, m, "firmware"); v.Database != 2 || v.Dirty || v.Err != nil {
@@ -265,7 +267,7 @@ func TestDirtyErrorSaysWhichVersionMatches(t *testing.T) {
 			if _, err := openRaw(t, dsn).Exec("UPDATE racks_schema_migrations SET version = 2, dirty = true"); err != nil {
 				t.Fatal(err)
 			}
-			err := m.Up(ctx)
+			_, err := m.Up(ctx)
 			if !errors.Is(err, ErrSchemaDirty) {
 				t.Fatalf("Up = %v, want ErrSchemaDirty", err)
 			}
@@ -290,7 +292,7 @@ func TestUpRecoversRerunnableApplicationFile(t *testing.T) {
 			"INSERT INTO racks (id) VALUES (1) ON CONFLICT DO NOTHING;",
 	}
 	m := migrator(t, dsn, &Application{Name: "racks", Migrations: appFiles(files)}, plain)
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	// Half of 000002 undone, as if it had stopped after its first statement.
@@ -300,7 +302,7 @@ func TestUpRecoversRerunnableApplicationFile(t *testing.T) {
 	if err := m.Check(ctx); !errors.Is(err, ErrSchemaDirty) || !strings.Contains(err.Error(), "Migrator.Up or bmdbctl migrate up runs it again") {
 		t.Errorf("Check of the dirty, re-runnable schema = %v", err)
 	}
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up of a dirty, re-runnable application file: %v", err)
 	}
 	var n int
@@ -323,7 +325,7 @@ func TestUpNamesLeaseHolder(t *testing.T) {
 	defer lock.release()
 	short, cancel := context.WithTimeout(ctx, 700*time.Millisecond)
 	defer cancel()
-	err = migrator(t, dsn, nil, plain).Up(short)
+	_, err = migrator(t, dsn, nil, plain).Up(short)
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Up while another holds the lease = %v, want the deadline", err)
 	}
@@ -344,7 +346,7 @@ func TestVersionsListsEveryApplication(t *testing.T) {
 	racks := &Application{Name: "racks", Migrations: appFiles(map[string]string{"000001_racks": "CREATE TABLE racks (id INT8);"})}
 	burnin := &Application{Name: "burnin", Migrations: appFiles(map[string]string{"000001_b": "CREATE TABLE b (id INT8);", "000002_c": "CREATE TABLE c (id INT8);"})}
 	for _, app := range []*Application{racks, burnin} {
-		if err := migrator(t, dsn, app, plain).Up(ctx); err != nil {
+		if _, err := migrator(t, dsn, app, plain).Up(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -419,11 +421,13 @@ DROP TABLE IF EXISTS old_racks;
 	}
 }
 
-// Every object bmdb's first migration creates is found on a migrated
-// database, by the statements that run on both engines.
+// Every object bmdb's first migration creates is found on a database at
+// version 1 (later migrations drop some: 000017, sessions_deadline_idx),
+// by the statements that run on both engines.
 func TestObjectsOfBmdbExist(t *testing.T) {
 	t.Parallel()
-	dsn := testdb.New(t)
+	dsn := testdb.NewEmpty(t)
+	migrateTo(t, migrator(t, dsn, nil, plain), 1)
 	db := openRaw(t, dsn)
 	src, err := bmdbSource()
 	if err != nil {
@@ -462,7 +466,7 @@ func TestCockroachForce(t *testing.T) {
 	files := map[string]string{"000001_racks": "CREATE TABLE racks (id INT8);", "000002_slots": "CREATE TABLE slots (id INT8);"}
 	app := &Application{Name: "racks", Migrations: appFiles(files)}
 	m := migrator(t, dsn, app, cockroach(0))
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
 	openRaw(t, dsn).Exec("UPDATE racks_schema_migrations SET version = 3, dirty = true")
@@ -472,7 +476,7 @@ func TestCockroachForce(t *testing.T) {
 	if _, err := m.Force(ctx, "racks", 2); err != nil {
 		t.Fatalf("Force with the files: %v", err)
 	}
-	if err := m.Up(ctx); err != nil {
+	if _, err := m.Up(ctx); err != nil {
 		t.Fatalf("Up after Force: %v", err)
 	}
 	openRaw(t, dsn).Exec("UPDATE racks_schema_migrations SET dirty = true")
@@ -488,5 +492,109 @@ func TestCockroachForce(t *testing.T) {
 	}
 	if v := version(t, bare, "racks"); v.Database != 0 || v.Dirty {
 		t.Errorf("after Force 0: %+v", v)
+	}
+}
+
+// Up and Down say what they ran, in order: each file's schema, version,
+// name and direction; nothing when the schema is where they would bring
+// it; a dirty file run again.
+func TestResultSaysWhatRan(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, mode := range []crdbmode.Settings{plain, cockroach(0)} {
+		dsn := testdb.NewEmpty(t)
+		app := &Application{Name: "racks", Migrations: appFiles(map[string]string{
+			"000001_racks": "CREATE TABLE IF NOT EXISTS racks (id INT8);",
+			"000002_slots": "-- bmdb:rerunnable\nCREATE TABLE IF NOT EXISTS rack_slots (id INT8);",
+		})}
+		m := migrator(t, dsn, app, mode)
+		latest := m.srcs[0].latest
+		res, err := m.Up(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, r := range res.Migrations {
+			if r.Duration <= 0 {
+				t.Errorf("%+v: no duration", r)
+			}
+			got = append(got, r.Schema+" "+itoa(r.Version)+" "+string(r.Direction)+" "+r.Name)
+		}
+		if len(got) != int(latest)+2 || got[0] != "bmdb 1 up 000001_init.up.sql" || got[14] != "bmdb 15 up 000015_fleet_controls.up.sql" ||
+			got[latest] != "racks 1 up 000001_racks.up.sql" || got[latest+1] != "racks 2 up 000002_slots.up.sql" {
+			t.Errorf("cockroach mode %v: Up of an empty database ran %q", mode.Enabled, got)
+		}
+		// Cockroach mode answers the step's check as in place: none on
+		// either path here (the step itself: TestHistoryIDSpreadOnCockroachOnly).
+		if len(res.CockroachSteps) != 0 {
+			t.Errorf("cockroach mode %v: CockroachDB steps %q", mode.Enabled, res.CockroachSteps)
+		}
+		if res, err := m.Up(ctx); err != nil || len(res.Migrations) != 0 || len(res.CockroachSteps) != 0 {
+			t.Errorf("Up of a current schema = %+v, %v; want nothing run", res, err)
+		}
+		res, err = m.Down(ctx, SchemaBmdb, 1)
+		if err != nil || len(res.Migrations) != 1 || res.Migrations[0].Schema != SchemaBmdb || res.Migrations[0].Version != latest || res.Migrations[0].Direction != DirectionDown ||
+			!strings.HasPrefix(res.Migrations[0].Name, fmt.Sprintf("%06d_", latest)) || !strings.HasSuffix(res.Migrations[0].Name, ".down.sql") {
+			t.Errorf("Down 1 = %+v, %v; want the down file of %d", res, err, latest)
+		}
+		if _, err := openRaw(t, dsn).Exec("UPDATE racks_schema_migrations SET dirty = true"); err != nil {
+			t.Fatal(err)
+		}
+		res, err = m.Up(ctx)
+		if err != nil || len(res.Migrations) != 2 || res.Migrations[0].Version != latest || res.Migrations[1].Name != "000002_slots.up.sql" || res.Migrations[1].Direction != DirectionUp {
+			t.Errorf("Up after Down and a dirty racks 2 = %+v, %v", res, err)
+		}
+	}
+}
+
+// A pool of two connections migrates, also with two migrators of one
+// process at once, and on every CockroachDB path, within a deadline (no
+// call waits for a connection it holds itself); a pool of one is refused
+// at once, naming the limit: while the migration held its only
+// connection, the lease could not be renewed, and would expire under a
+// long migration. (Without the check, the short migrations here pass on
+// one connection: the renewal, every lease/3, never comes due.)
+func TestMigrateOnSmallPool(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []crdbmode.Settings{plain, cockroach(0), {Enabled: true, Version: crdbmode.Version{Major: 23, Minor: 2}}} {
+		dsn := testdb.NewEmpty(t)
+		db := pool(t, dsn, mode)
+		db.SetMaxOpenConns(1)
+		m, err := New(db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		start := time.Now()
+		if _, err := m.Up(ctx); !errors.Is(err, ErrInvalidArgument) || !strings.Contains(err.Error(), "limited to 1 open connection") || time.Since(start) > 10*time.Second {
+			t.Errorf("Up on a pool of one connection = %v after %v, want ErrInvalidArgument at once", err, time.Since(start))
+		}
+		if err := m.Check(ctx); !errors.Is(err, ErrSchemaTooOld) {
+			t.Errorf("Check on a pool of one connection = %v, want ErrSchemaTooOld", err)
+		}
+		db.SetMaxOpenConns(2)
+		errs := make(chan error, 2)
+		for range 2 {
+			go func() { _, err := m.Up(ctx); errs <- err }()
+		}
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Errorf("cockroach mode %+v: Up on a pool of two connections: %v", mode, err)
+			}
+		}
+		// A dirty version is recovered on two connections too.
+		if _, err := db.ExecContext(ctx, "UPDATE schema_migrations SET dirty = true"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.Up(ctx); err != nil {
+			t.Errorf("cockroach mode %+v: Up of a dirty version on a pool of two connections: %v", mode, err)
+		}
+		if _, err := m.Down(ctx, SchemaBmdb, 2); err != nil {
+			t.Errorf("cockroach mode %+v: Down on a pool of two connections: %v", mode, err)
+		}
+		cancel()
+		if v := version(t, m, SchemaBmdb); v.Dirty || v.Database != v.Binary-2 {
+			t.Errorf("cockroach mode %+v: after Up and Down 2: %+v", mode, v)
+		}
 	}
 }

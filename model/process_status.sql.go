@@ -93,3 +93,24 @@ func (q *Queries) ProcessStatusAll(ctx context.Context) ([]ProcessStatus, error)
 	}
 	return items, nil
 }
+
+const processStatusGet = `-- name: ProcessStatusGet :one
+SELECT process, paused, claim_cap, changed_at, changed_by, reason, live_claims FROM process_status WHERE process = $1
+`
+
+// ProcessStatusGet returns the controls and live claims of process, as
+// ProcessStatusAll does; no row if it has no controls.
+func (q *Queries) ProcessStatusGet(ctx context.Context, process string) (ProcessStatus, error) {
+	row := q.db.QueryRowContext(ctx, processStatusGet, process)
+	var i ProcessStatus
+	err := row.Scan(
+		&i.Process,
+		&i.Paused,
+		&i.ClaimCap,
+		&i.ChangedAt,
+		&i.ChangedBy,
+		&i.Reason,
+		&i.LiveClaims,
+	)
+	return i, err
+}

@@ -14,12 +14,15 @@ import (
 )
 
 const readableHistoryForMachine = `-- name: ReadableHistoryForMachine :many
-SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
-WHERE machine_id = $1
-  AND ($2::TEXT IS NULL OR process = $2::TEXT)
-  AND ($3::TIMESTAMPTZ IS NULL OR at >= $3::TIMESTAMPTZ)
-ORDER BY (CASE WHEN $2::TEXT IS NULL THEN 0 ELSE COALESCE(seq, 0) END) DESC, at DESC, id DESC
-LIMIT $4
+SELECT r.id, r.machine_id, r.process, r.event, r.session_id, r.component_name, r.at, r.cause, r.seq FROM (
+    SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
+    WHERE machine_id = $1
+      AND ($2::TEXT IS NULL OR process = $2::TEXT)
+      AND ($3::TIMESTAMPTZ IS NULL OR at >= $3::TIMESTAMPTZ)
+    ORDER BY at DESC, id DESC
+    LIMIT $4
+) r
+ORDER BY r.process, COALESCE(r.seq, 0) DESC, r.at DESC, r.id DESC
 `
 
 type ReadableHistoryForMachineParams struct {
@@ -30,12 +33,12 @@ type ReadableHistoryForMachineParams struct {
 }
 
 // ReadableHistoryForMachine returns up to row_limit of a machine's most
-// recent events since a time (NULL: all), of one process or (NULL) of all,
-// newest first: an index range scan on work_history (machine_id, ...).
-// One process's events come in the order they happened (seq, numbered by
-// the pair's claims and ends); across processes, by at, which on
-// CockroachDB each gateway dates by its own clock (they may differ by up
-// to the cluster's maximum offset).
+// recent events since a time (NULL: all), of one process or (NULL) of all:
+// the newest by at, an index range scan on work_history (machine_id, ...),
+// ordered by process and, within a process, newest first in the order
+// they happened (seq, numbered by the pair's claims and ends: at is each
+// gateway's clock on CockroachDB, where clocks may differ by up to the
+// cluster's maximum offset).
 func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHistoryForMachineParams) ([]ReadableHistory, error) {
 	rows, err := q.db.QueryContext(ctx, readableHistoryForMachine,
 		arg.MachineID,
@@ -77,25 +80,34 @@ func (q *Queries) ReadableHistoryForMachine(ctx context.Context, arg ReadableHis
 const readableHistoryForMachinePage = `-- name: ReadableHistoryForMachinePage :many
 SELECT id, machine_id, process, event, session_id, component_name, at, cause, seq FROM readable_history
 WHERE machine_id = $1
-  AND (at, id) < ($2::TIMESTAMPTZ, $3::INT8)
-ORDER BY at DESC, id DESC
-LIMIT $4
+  AND (process > $2::TEXT
+       OR (process = $2::TEXT
+           AND (COALESCE(seq, 0), at, id) < ($3::INT8, $4::TIMESTAMPTZ, $5::INT8)))
+ORDER BY process, COALESCE(seq, 0) DESC, at DESC, id DESC
+LIMIT $6
 `
 
 type ReadableHistoryForMachinePageParams struct {
-	MachineID uuid.UUID `json:"machine_id"`
-	BeforeAt  time.Time `json:"before_at"`
-	BeforeID  int64     `json:"before_id"`
-	RowLimit  int32     `json:"row_limit"`
+	MachineID    uuid.UUID `json:"machine_id"`
+	AfterProcess string    `json:"after_process"`
+	BeforeSeq    int64     `json:"before_seq"`
+	BeforeAt     time.Time `json:"before_at"`
+	BeforeID     int64     `json:"before_id"`
+	RowLimit     int32     `json:"row_limit"`
 }
 
 // ReadableHistoryForMachinePage returns up to row_limit of a machine's
-// events older than the cursor (before_at, before_id), newest first: keyset
-// pagination on work_history (machine_id, at). Start with a cursor in the
-// future.
+// events after the cursor, by process, and within a process newest first
+// in the order they happened: by seq (numbered by the pair's claims and
+// ends), then at and id (rows written before migration 000017 have no
+// seq). The cursor is the last row of the previous page: its process
+// (after_process), seq (0 for none), at and id; start with an empty
+// process. Keyset pagination that no clock can reorder.
 func (q *Queries) ReadableHistoryForMachinePage(ctx context.Context, arg ReadableHistoryForMachinePageParams) ([]ReadableHistory, error) {
 	rows, err := q.db.QueryContext(ctx, readableHistoryForMachinePage,
 		arg.MachineID,
+		arg.AfterProcess,
+		arg.BeforeSeq,
 		arg.BeforeAt,
 		arg.BeforeID,
 		arg.RowLimit,

@@ -12,3 +12,8 @@ FROM process_control_history
 WHERE sqlc.arg(process)::TEXT = '' OR process = sqlc.arg(process)::TEXT
 ORDER BY at DESC, id DESC
 LIMIT sqlc.arg(max_rows);
+
+-- name: ProcessStatusGet :one
+-- ProcessStatusGet returns the controls and live claims of process, as
+-- ProcessStatusAll does; no row if it has no controls.
+SELECT * FROM process_status WHERE process = sqlc.arg(process);

@@ -20,14 +20,21 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/fleet"
 )
 
 // Actions enables the pages' action buttons for operators who sign in with
-// a token: pause and resume a process, cap it, clear a backoff. Each action
-// runs in a session of its own on Conn and is recorded with the operator's
-// name (process_control_history; a cleared backoff's cause). Without
-// Actions the pages are read-only: the sign-in page and the action
-// endpoints do not exist.
+// a token: pause and resume a process, cap it, delete its controls, clear
+// a backoff. Each action runs in a session of its own on Conn and is
+// recorded with the operator's name (process_control_history; a cleared
+// backoff's cause). Without Actions the pages are read-only: the sign-in
+// page and the action endpoints do not exist.
+//
+// As bmdbctl does, the pages refuse to pause, resume or cap a process the
+// database does not know (fleet.CheckProcessKnown: most likely a typo)
+// unless the form says it is a new process (its "new process" box), and
+// to delete the controls of a paused or capped process unless the form
+// says to lift them (its "lift" box).
 //
 // An operator signs in at /login with their token (compared in constant
 // time); the handler then keeps a session for them, in memory, for
@@ -290,9 +297,10 @@ func (h *Handler) forbid(w http.ResponseWriter, r *http.Request, msg string) {
 // in flight on PostgreSQL.
 const actionTimeout = 30 * time.Second
 
-// action serves POST /action/{name}: pause, resume, cap, clear-backoff.
-// It runs the action as the signed-in operator and returns to the page
-// the form was on (back), where the outcome is shown once.
+// action serves POST /action/{name}: pause, resume, cap, delete (a
+// process's controls), clear-backoff. It runs the action as the signed-in
+// operator and returns to the page the form was on (back), where the
+// outcome is shown once.
 func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	op, ok := h.checkAction(w, r)
 	if !ok {
@@ -311,9 +319,14 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 		defer sess.Close(context.WithoutCancel(ctx))
 		return fn(sess)
 	}
+	name := r.PathValue("name")
+	if err := h.checkControl(ctx, name, process, f.Get("new") != "", f.Get("lift") != ""); err != nil {
+		h.fail(w, r, err, false)
+		return
+	}
 	var msg string
 	var err error
-	switch name := r.PathValue("name"); name {
+	switch name {
 	case "pause", "resume":
 		msg, err = run(func(s *bmdb.Session) (string, error) {
 			do, state := s.PauseProcess, "paused"
@@ -324,12 +337,10 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 			return changedMessage(process, state, changed), err
 		})
 	case "cap":
-		n := 0
-		if v := f.Get("cap"); v != "none" {
-			if n, err = strconv.Atoi(v); err != nil || n < 1 {
-				h.fail(w, r, badRequest("cap %q: give a number of live claims from 1 to %d, or none", v, bmdb.MaxCap), false)
-				return
-			}
+		n, perr := parseCap(f.Get("cap"))
+		if perr != nil {
+			h.fail(w, r, perr, false)
+			return
 		}
 		msg, err = run(func(s *bmdb.Session) (string, error) {
 			changed, err := s.CapProcess(ctx, process, n, ch)
@@ -338,6 +349,14 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 				state = "without a cap"
 			}
 			return changedMessage(process, state, changed), err
+		})
+	case "delete":
+		msg, err = run(func(s *bmdb.Session) (string, error) {
+			deleted, err := s.DeleteProcessControls(ctx, process, ch)
+			if !deleted {
+				return fmt.Sprintf("%s had no controls: nothing changed", process), err
+			}
+			return fmt.Sprintf("the controls of %s are deleted: its next claim makes them anew, running without a cap", process), err
 		})
 	case "clear-backoff":
 		machine, perr := uuid.Parse(f.Get("machine"))
@@ -352,9 +371,6 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 			}
 			return fmt.Sprintf("backoff of %s on %s cleared", process, machine), s.ClearBackoff(ctx, machine, process, why)
 		})
-	default:
-		h.fail(w, r, notFound("no action %q", name), false)
-		return
 	}
 	switch {
 	case errors.Is(err, bmdb.ErrInvalidArgument):
@@ -371,6 +387,48 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request) {
 	}
 	h.ops.setFlash(op, msg)
 	http.Redirect(w, r, h.back(f.Get("back")), http.StatusSeeOther)
+}
+
+// checkControl checks action name on process before it runs, as bmdbctl
+// does: a pause, resume or cap of a process the database does not know is
+// refused unless isNew (most likely a typo); the deletion of controls in
+// force unless lift. It answers 404 for an unknown action.
+func (h *Handler) checkControl(ctx context.Context, name, process string, isNew, lift bool) error {
+	switch name {
+	case "pause", "resume", "cap":
+		if isNew || bmdb.ValidateProcess(process) != nil { // bmdb names what is wrong with the name
+			return nil
+		}
+		err := fleet.CheckProcessKnown(ctx, h.db, process)
+		if errors.Is(err, fleet.ErrUnknownProcess) {
+			return badRequest("%v; tick “new process” to %s it anyway", err, name)
+		}
+		return err
+	case "delete":
+		if lift || bmdb.ValidateProcess(process) != nil {
+			return nil
+		}
+		c, ok, err := fleet.ReadProcessControl(ctx, h.db, process)
+		if err != nil || !ok || !c.InForce() {
+			return err
+		}
+		return badRequest("%s is %s: deleting its controls lifts that; tick “lift” to delete them anyway", process, c.State())
+	case "clear-backoff":
+		return nil
+	}
+	return notFound("no action %q", name)
+}
+
+// parseCap parses a cap form's cap: a number of live claims, or none (0).
+func parseCap(v string) (int, error) {
+	if v == "none" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		return 0, badRequest("cap %q: give a number of live claims from 1 to %d, or none", v, bmdb.MaxCap)
+	}
+	return n, nil
 }
 
 // changedMessage says what an action did to process.

@@ -16,7 +16,7 @@ import (
 const operatorToken = "alice-secret-token-0123456789"
 
 // withActions serves f's database with actions for operator alice.
-func (f *fleet) withActions(t *testing.T) *httptest.Server {
+func (f *site) withActions(t *testing.T) *httptest.Server {
 	t.Helper()
 	srv := httptest.NewServer(New(f.db, Options{Actions: &Actions{Conn: f.conn, Operators: map[string]string{operatorToken: "alice"}}}))
 	t.Cleanup(srv.Close)
@@ -61,7 +61,7 @@ func getWith(t *testing.T, c *http.Client, target string) (int, string, http.Hea
 }
 
 // count runs a count query on the fleet's database.
-func (f *fleet) count(t *testing.T, query string, args ...any) int {
+func (f *site) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
 	if err := f.db.QueryRow(query, args...).Scan(&n); err != nil {
@@ -71,14 +71,16 @@ func (f *fleet) count(t *testing.T, query string, args ...any) int {
 }
 
 // Every response, pages, errors and assets, read-only or not, forbids
-// framing and sniffing, and allows no script but the handler's own.
+// framing and sniffing, and allows no script and no style but the
+// handler's own: no inline ones.
 func TestSecurityHeaders(t *testing.T) {
 	f := seed(t)
 	for _, srv := range []*httptest.Server{f.srv, f.withActions(t)} {
 		for _, path := range []string{"/", "/machines", "/machine/" + f.busy.String(), "/machine/not-a-uuid", "/nowhere", "/static/bmdb.js", "/?format=json"} {
 			_, _, h := getWith(t, client(t), srv.URL+path)
 			csp := h.Get("Content-Security-Policy")
-			if !strings.Contains(csp, "frame-ancestors 'none'") || !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-eval") {
+			if !strings.Contains(csp, "frame-ancestors 'none'") || !strings.Contains(csp, "script-src 'self'") || !strings.Contains(csp, "style-src 'self';") ||
+				strings.Contains(csp, "unsafe-eval") || strings.Contains(csp, "unsafe-inline") {
 				t.Errorf("%s: Content-Security-Policy %q", path, csp)
 			}
 			if h.Get("X-Content-Type-Options") != "nosniff" || h.Get("X-Frame-Options") != "DENY" {
@@ -179,13 +181,14 @@ func TestActionsNeedAnOperator(t *testing.T) {
 	if !strings.Contains(body, "install-os is now paused") || !strings.Contains(body, `<p class="paused" role="alert">`) {
 		t.Errorf("overview after the pause lacks the outcome or the banner")
 	}
-	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {csrf}, "process": {"burn-in"}, "cap": {"0"}}); status != http.StatusBadRequest {
+	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {csrf}, "process": {"install-os"}, "cap": {"0"}}); status != http.StatusBadRequest {
 		t.Errorf("cap 0 = %d, want 400", status)
 	}
-	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {csrf}, "process": {"burn in"}, "cap": {"3"}}); status != http.StatusBadRequest {
+	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {csrf}, "process": {"burn in"}, "cap": {"3"}, "new": {"1"}}); status != http.StatusBadRequest {
 		t.Errorf("cap of a bad process name = %d, want 400", status)
 	}
-	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {csrf}, "process": {"burn-in"}, "cap": {"3"}}); status != http.StatusSeeOther {
+	// burn-in has not run yet: a new process.
+	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {csrf}, "process": {"burn-in"}, "cap": {"3"}, "new": {"1"}}); status != http.StatusSeeOther {
 		t.Errorf("cap = %d, want 303", status)
 	}
 	back := "/machine/" + f.failed.String()
@@ -226,4 +229,133 @@ func TestParseOperators(t *testing.T) {
 			t.Errorf("ParseOperators(%q): the error shows a token: %v", bad, err)
 		}
 	}
+}
+
+// signIn signs operator alice in on srv and returns her client and the
+// session's CSRF token.
+func signIn(t *testing.T, srv *httptest.Server) (*http.Client, string) {
+	t.Helper()
+	op := client(t)
+	if status, _ := post(t, op, srv.URL+"/login", url.Values{"token": {operatorToken}}); status != http.StatusSeeOther {
+		t.Fatalf("sign-in = %d, want 303", status)
+	}
+	_, body, _ := getWith(t, op, srv.URL+"/")
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatalf("signed-in overview has no CSRF token:\n%s", body)
+	}
+	return op, m[1]
+}
+
+// A pause, resume or cap of a process the database does not know is
+// refused as bmdbctl refuses it, naming the known processes and the
+// nearest, unless the form says it is a new process.
+func TestActionsRefuseUnknownProcess(t *testing.T) {
+	f := seed(t)
+	srv := f.withActions(t)
+	op, csrf := signIn(t, srv)
+	for _, tc := range []struct{ action, process, want string }{
+		{"pause", "nosuchprocess", `process &#34;nosuchprocess&#34; is unknown (no claims, history, backoffs or controls yet); known processes: install-os; tick “new process” to pause it anyway`},
+		{"resume", "install_os", `did you mean &#34;install-os&#34;? known processes: install-os; tick “new process” to resume it anyway`},
+		{"cap", "instal-os", `did you mean &#34;install-os&#34;?`},
+	} {
+		status, body := post(t, op, srv.URL+"/action/"+tc.action, url.Values{"csrf": {csrf}, "process": {tc.process}, "cap": {"2"}})
+		if status != http.StatusBadRequest || !strings.Contains(body, tc.want) {
+			t.Errorf("%s %s = %d; want 400 with %q in\n%s", tc.action, tc.process, status, tc.want, body)
+		}
+	}
+	if n := f.count(t, "SELECT count(*) FROM process_controls WHERE process <> 'install-os'"); n != 0 {
+		t.Errorf("refused actions made %d controls rows", n)
+	}
+	// The overview's form for a process not listed has the box.
+	_, body, _ := getWith(t, op, srv.URL+"/")
+	if !strings.Contains(body, `<input type="checkbox" name="new" value="1"> new process</label>`) {
+		t.Errorf("the overview's new-process form lacks its box")
+	}
+	if status, _ := post(t, op, srv.URL+"/action/pause", url.Values{"csrf": {csrf}, "process": {"firmware"}, "new": {"1"}}); status != http.StatusSeeOther {
+		t.Errorf("pause of a new process, so said = %d, want 303", status)
+	}
+	if n := f.count(t, "SELECT count(*) FROM process_controls WHERE process = 'firmware' AND paused"); n != 1 {
+		t.Errorf("the new process is not paused")
+	}
+}
+
+// Delete controls: the button on each process's row; a paused or capped
+// process's controls only when the form says to lift them.
+func TestDeleteControlsAction(t *testing.T) {
+	f := seed(t)
+	srv := f.withActions(t)
+	op, csrf := signIn(t, srv)
+	_, body, _ := getWith(t, op, srv.URL+"/")
+	row, _, _ := strings.Cut(body[strings.Index(body, `<tr data-process="install-os">`):], "</tr>")
+	if !strings.Contains(row, `action="/action/delete"`) || !strings.Contains(row, `name="csrf" value="`+csrf+`"`) || strings.Contains(row, `name="lift"`) {
+		t.Errorf("install-os's row, running: no delete form with the CSRF token, or a lift box:\n%s", row)
+	}
+	if status, _ := post(t, op, srv.URL+"/action/pause", url.Values{"csrf": {csrf}, "process": {"install-os"}}); status != http.StatusSeeOther {
+		t.Fatalf("pause = %d", status)
+	}
+	_, body, _ = getWith(t, op, srv.URL+"/")
+	row, _, _ = strings.Cut(body[strings.Index(body, `<tr class="stuck" data-process="install-os">`):], "</tr>")
+	if !strings.Contains(row, `<input type="checkbox" name="lift" value="1"> lift</label>`) {
+		t.Errorf("install-os's row, paused: no lift box:\n%s", row)
+	}
+	status, body := post(t, op, srv.URL+"/action/delete", url.Values{"csrf": {csrf}, "process": {"install-os"}, "reason": {"retired"}})
+	if want := "install-os is paused: deleting its controls lifts that; tick “lift” to delete them anyway"; status != http.StatusBadRequest || !strings.Contains(body, want) {
+		t.Errorf("delete of a paused process without lift = %d; want 400 with %q", status, want)
+	}
+	if n := f.count(t, "SELECT count(*) FROM process_controls WHERE process = 'install-os'"); n != 1 {
+		t.Fatalf("the refused delete deleted")
+	}
+	if status, _ := post(t, op, srv.URL+"/action/delete", url.Values{"csrf": {csrf}, "process": {"install-os"}, "reason": {"retired"}, "lift": {"1"}}); status != http.StatusSeeOther {
+		t.Fatalf("delete with lift = %d, want 303", status)
+	}
+	_, body, _ = getWith(t, op, srv.URL+"/")
+	if !strings.Contains(body, "the controls of install-os are deleted") || strings.Contains(body, `data-process="install-os"`) {
+		t.Errorf("the overview after the delete lacks its outcome or still lists install-os")
+	}
+	if n := f.count(t, "SELECT count(*) FROM process_control_history WHERE process = 'install-os' AND action = 'delete' AND actor = 'alice' AND reason = 'retired'"); n != 1 {
+		t.Errorf("the delete is not recorded")
+	}
+	if status, body := post(t, op, srv.URL+"/action/delete", url.Values{"csrf": {csrf}, "process": {"install-os"}}); status != http.StatusSeeOther {
+		t.Errorf("delete again = %d %s", status, body)
+	}
+	_, body, _ = getWith(t, op, srv.URL+"/")
+	if !strings.Contains(body, "install-os had no controls: nothing changed") {
+		t.Errorf("the second delete does not say it changed nothing")
+	}
+}
+
+// No served page has a style attribute or element: the policy allows
+// none (no 'unsafe-inline').
+func TestNoInlineStyles(t *testing.T) {
+	f := seed(t)
+	srv := f.withActions(t)
+	signedOut := client(t)
+	op, _ := signIn(t, srv)
+	if status, _ := post(t, op, srv.URL+"/action/cap", url.Values{"csrf": {mustCSRF(t, op, srv)}, "process": {"install-os"}, "cap": {"2"}}); status != http.StatusSeeOther {
+		t.Fatalf("cap = %d", status) // a capped process's row has the most forms
+	}
+	inline := regexp.MustCompile(`(?i)<style|\sstyle\s*=`)
+	pages := []string{"/", "/machines", "/machines?sort=age", "/machine/" + f.busy.String(), "/machine/" + f.failed.String(),
+		"/session/" + f.sess.ID().String(), "/login", "/nowhere", "/machine/nope"}
+	for _, c := range []*http.Client{signedOut, op} {
+		for _, path := range pages {
+			_, body, _ := getWith(t, c, srv.URL+path)
+			if m := inline.FindString(body); m != "" {
+				i := strings.Index(body, m)
+				t.Errorf("%s has inline style %q: …%s…", path, m, body[max(0, i-80):min(len(body), i+80)])
+			}
+		}
+	}
+}
+
+// mustCSRF returns the CSRF token of op's overview.
+func mustCSRF(t *testing.T, op *http.Client, srv *httptest.Server) string {
+	t.Helper()
+	_, body, _ := getWith(t, op, srv.URL+"/")
+	m := regexp.MustCompile(`name="csrf" value="([0-9a-f]{64})"`).FindStringSubmatch(body)
+	if m == nil {
+		t.Fatal("no CSRF token")
+	}
+	return m[1]
 }

@@ -8,9 +8,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
@@ -46,6 +49,48 @@ func driven(t *testing.T, bin string) context.Context {
 	return ctx
 }
 
+// watchCSP collects the Content-Security-Policy violations of the pages
+// b loads from now on: the browser's own console errors about the policy,
+// and each securitypolicyviolation event, which a script the browser runs
+// before each page's own (exempt from the policy) reports.
+func watchCSP(t *testing.T, b context.Context) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var seen []string
+	add := func(s string) {
+		mu.Lock()
+		seen = append(seen, s)
+		mu.Unlock()
+	}
+	chromedp.ListenTarget(b, func(ev any) {
+		switch ev := ev.(type) {
+		case *cdplog.EventEntryAdded:
+			if strings.Contains(ev.Entry.Text, "Content Security Policy") {
+				add("console: " + ev.Entry.Text)
+			}
+		case *runtime.EventConsoleAPICalled:
+			for _, a := range ev.Args {
+				if strings.Contains(string(a.Value), "CSP violation") {
+					add("event: " + string(a.Value))
+				}
+			}
+		}
+	})
+	err := chromedp.Run(b, chromedp.ActionFunc(func(ctx context.Context) error {
+		_, err := page.AddScriptToEvaluateOnNewDocument(`document.addEventListener("securitypolicyviolation",
+			e => console.error("CSP violation: " + e.violatedDirective + " " + e.blockedURI))`).Do(ctx)
+		return err
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+}
+
 // An operator in a real browser. Signed out, the overview offers no
 // action, and neither a crafted POST from the page nor a form another site
 // submits changes anything. Signed in with the token, the operator pauses
@@ -77,6 +122,7 @@ func TestBrowserOperatorActions(t *testing.T) {
 	}))
 	defer evil.Close()
 	b := driven(t, bin)
+	violations := watchCSP(t, b)
 
 	var forms int
 	var crafted int
@@ -175,5 +221,29 @@ func TestBrowserOperatorActions(t *testing.T) {
 	}
 	if !strings.HasPrefix(last, "burn-in:") || !strings.HasSuffix(last, ":-:alice") {
 		t.Errorf("last recorded change %q, want burn-in's cap removed by alice", last)
+	}
+
+	// No page broke the policy (the other site's page has none), and a
+	// style attribute would have: the policy refuses inline styles, and
+	// the watch sees it.
+	if v := violations(); len(v) != 0 {
+		t.Errorf("Content-Security-Policy violations on the pages: %q", v)
+	}
+	err = chromedp.Run(b,
+		chromedp.Navigate(srv.URL+"/"),
+		chromedp.WaitVisible("#operator"),
+		chromedp.Evaluate(`document.body.insertAdjacentHTML("beforeend", '<p id="styled" style="color: red">x</p>')`, nil),
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for len(violations()) == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if v := violations(); len(v) == 0 || !strings.Contains(strings.Join(v, " "), "style-src") {
+		t.Errorf("an inline style attribute was not reported as a violation of style-src: %q", v)
+	} else {
+		t.Logf("a deliberate inline style is refused: %s", v[0])
 	}
 }

@@ -1,14 +1,19 @@
-// Package web serves read-only pages about a bmdb fleet: machines per stage,
-// live sessions, claims, backoffs and history, each also as JSON
-// (?format=json or Accept: application/json). Mount it in any component:
+// Package web serves pages about a bmdb fleet: machines per stage, live
+// sessions, claims, backoffs and history, each also as JSON (?format=json
+// or Accept: application/json). Mount it in any component:
 //
 //	mux.Handle("/bmdb/", http.StripPrefix("/bmdb", web.New(conn.DB(), web.Options{PathPrefix: "/bmdb"})))
+//
+// What the pages show is package fleet's read model, which bmdbctl reads
+// too: web is the HTTP side of it, handlers (pages.go), templates and
+// plots, the operators' actions (actions.go) and the security headers
+// (security.go). A page's JSON is the fleet type it renders.
 //
 // Stuck work comes first: the overview shows per process its claims held
 // by expired sessions (stuck until the next takeover or GC) and their age,
 // the oldest live claim, the machines waiting for it (stuck, in or past
 // backoff, and ready per the application's optional app_pending_work
-// view: see ViewPendingWork) and a warning when some wait and no live
+// view: see fleet.ViewPendingWork) and a warning when some wait and no live
 // session of the components that do the process is left. Machine lists
 // say who holds each machine since when and why it is in backoff, and sort
 // by claim age. Times are shown absolute and relative to the database
@@ -16,18 +21,16 @@
 // page again and swaps its content; a pause button stops it) and says when
 // it was read. The overview plots, as inline SVG (plots.go), the Finished,
 // Failed and Abandoned events per minute of each process over the last
-// hour (an index range scan on work_history (at)) and the ages of the
-// claims now.
+// hour and the ages of the claims now.
 //
 // The overview shows each process's fleet controls (paused, cap, live
 // claims; a banner per paused process). With Options.Actions, operators
-// who sign in with a token get buttons to pause, resume and cap a process
-// and to clear a backoff (see Actions); without, the pages never write.
-// Every response sends a Content-Security-Policy that allows only the
-// handler's own script and style sheet and no framing, and
-// X-Content-Type-Options: nosniff (security.go). Every request runs short
-// queries with LIMITs under Options.QueryTimeout; lists page by keyset (no
-// OFFSET scans).
+// who sign in with a token get buttons to pause, resume and cap a process,
+// to delete its controls and to clear a backoff (see Actions); without,
+// the pages never write. Every response sends a Content-Security-Policy
+// that allows only the handler's own script and style sheet (no inline
+// script or style) and no framing, and X-Content-Type-Options: nosniff
+// (security.go). Every request runs its reads under Options.QueryTimeout.
 package web
 
 import (
@@ -44,7 +47,7 @@ import (
 	"github.com/lib/pq"
 	"k8s.io/klog/v2"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/fleet"
 )
 
 // QueryTimeoutDefault is the default Options.QueryTimeout.
@@ -65,7 +68,6 @@ type Options struct {
 
 // Handler is the http.Handler of the pages. It is safe for concurrent use.
 type Handler struct {
-	q     *model.Queries
 	db    *sql.DB
 	opts  Options
 	mux   *http.ServeMux
@@ -79,7 +81,7 @@ func New(db *sql.DB, opts Options) *Handler {
 		opts.QueryTimeout = QueryTimeoutDefault
 	}
 	opts.PathPrefix = strings.TrimRight(opts.PathPrefix, "/")
-	h := &Handler{q: model.New(db), db: db, opts: opts, mux: http.NewServeMux()}
+	h := &Handler{db: db, opts: opts, mux: http.NewServeMux()}
 	h.mux.HandleFunc("GET /{$}", h.page("overview", h.overview))
 	h.mux.HandleFunc("GET /machines", h.page("machines", h.machines))
 	h.mux.HandleFunc("GET /machine/{id}", h.page("machine", h.machine))
@@ -155,7 +157,14 @@ func (h *Handler) renderPage(w http.ResponseWriter, r *http.Request, status int,
 
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error, asJSON bool) {
 	var he *httpError
-	if !errors.As(err, &he) {
+	var fe *fleet.Error
+	switch {
+	case errors.As(err, &he):
+	case errors.As(err, &fe) && errors.Is(fe, fleet.ErrNotFound):
+		he = &httpError{http.StatusNotFound, fe.Msg}
+	case errors.As(err, &fe):
+		he = &httpError{http.StatusBadRequest, fe.Msg}
+	default:
 		klog.Warningf("web: %s: %v", r.URL.Path, err)
 		he = &httpError{http.StatusInternalServerError, "the database did not answer in time or failed; see the server log"}
 		var pqErr *pq.Error

@@ -1,26 +1,21 @@
 package web
 
 import (
-	"context"
 	"fmt"
 	"html/template"
-	"slices"
 	"strings"
 	"time"
 
-	"github.com/bmdb-dev/bmdb/model"
+	"github.com/bmdb-dev/bmdb/fleet"
 )
 
 // The plots are SVG rendered here, inline in the page: no script, no
-// external asset. Their queries are bounded: the last hour of work_history
-// by its (at) index, and the claims (one row per claim in flight).
-const (
-	plotMinutes = 60
-	// plotRowLimit bounds the events query: minutes × events × processes.
-	plotRowLimit = plotMinutes * 3 * 100
-)
+// external asset, no style attribute (colours are SVG attributes), so the
+// Content-Security-Policy needs no 'unsafe-inline'. They draw package
+// fleet's series (fleet.EventRates, fleet.ClaimAges).
 
-// Plot colours, one per event and claim state.
+// Plot colours, one per event and claim state; the legends' are the style
+// sheet's (.legend .finished, ...).
 const (
 	colorFinished  = "#2e8b57"
 	colorFailed    = "#c0392b"
@@ -28,66 +23,10 @@ const (
 	colorAlive     = "#3b6fb6"
 )
 
-// EventRates are one process's Finished, Failed and Abandoned events per
-// minute over the last hour, oldest minute first.
-type EventRates struct {
-	Process   string    `json:"process"`
-	Since     time.Time `json:"since"` // the first minute
-	Finished  []int64   `json:"finished"`
-	Failed    []int64   `json:"failed"`
-	Abandoned []int64   `json:"abandoned"`
-}
-
-// readEventRates returns the event rates of every process with events in
-// the hour before now, by process.
-func (h *Handler) readEventRates(ctx context.Context, now time.Time) ([]EventRates, error) {
-	since := now.Truncate(time.Minute).Add(-(plotMinutes - 1) * time.Minute)
-	rows, err := h.q.WorkHistoryEventsPerMinute(ctx, model.WorkHistoryEventsPerMinuteParams{Since: since, RowLimit: plotRowLimit})
-	if err != nil {
-		return nil, err
-	}
-	byProcess := map[string]*EventRates{}
-	out := []EventRates{}
-	for _, r := range rows {
-		e := byProcess[r.Process]
-		if e == nil {
-			e = &EventRates{Process: r.Process, Since: since,
-				Finished: make([]int64, plotMinutes), Failed: make([]int64, plotMinutes), Abandoned: make([]int64, plotMinutes)}
-			byProcess[r.Process] = e
-		}
-		i := int(r.Minute.Sub(since) / time.Minute)
-		if i < 0 || i >= plotMinutes {
-			continue
-		}
-		switch r.Event {
-		case "Finished":
-			e.Finished[i] += r.Events
-		case "Failed":
-			e.Failed[i] += r.Events
-		case "Abandoned":
-			e.Abandoned[i] += r.Events
-		}
-	}
-	for _, e := range byProcess {
-		out = append(out, *e)
-	}
-	slices.SortFunc(out, func(a, b EventRates) int { return strings.Compare(a.Process, b.Process) })
-	return out, nil
-}
-
-// Summary says how many events of each kind the hour had.
-func (e EventRates) Summary() string {
-	var finished, failed, abandoned int64
-	for i := range e.Finished {
-		finished, failed, abandoned = finished+e.Finished[i], failed+e.Failed[i], abandoned+e.Abandoned[i]
-	}
-	return fmt.Sprintf("%d finished, %d failed, %d abandoned", finished, failed, abandoned)
-}
-
-// SVG renders the rates as stacked bars, one per minute.
-func (e EventRates) SVG() template.HTML {
+// eventsPlot renders e as stacked bars, one per minute.
+func eventsPlot(e fleet.EventRates) template.HTML {
 	const w, h, top, bottom, left = 620, 110, 14, 18, 34
-	barW := float64(w-left) / plotMinutes
+	barW := float64(w-left) / fleet.EventMinutes
 	var most int64 = 1
 	for i := range e.Finished {
 		most = max(most, e.Finished[i]+e.Failed[i]+e.Abandoned[i])
@@ -122,55 +61,8 @@ func axes(b *strings.Builder, w, h, top, bottom, left int, most int64) {
 	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="10" fill="#6b7280" text-anchor="end">0</text>`, left-4, h-bottom)
 }
 
-// ageBuckets are the labels of CurrentWorkAgeHistogram's buckets, in
-// order; the bounds are in that query.
-var ageBuckets = []string{"<10 s", "10–30 s", "30 s–1 m", "1–5 m", "5–15 m", "15 m–1 h", "1–6 h", "≥6 h"}
-
-// AgeBucket is one bar of the claim age distribution.
-type AgeBucket struct {
-	Label   string `json:"label"`
-	Alive   int64  `json:"alive"`
-	Expired int64  `json:"expired"` // held by expired sessions
-}
-
-// ClaimAges is the distribution of the ages of the claims now, youngest
-// bucket first.
-type ClaimAges []AgeBucket
-
-// readClaimAges returns the age distribution of the claims now.
-func (h *Handler) readClaimAges(ctx context.Context) (ClaimAges, error) {
-	rows, err := h.q.CurrentWorkAgeHistogram(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make(ClaimAges, len(ageBuckets))
-	for i, l := range ageBuckets {
-		out[i].Label = l
-	}
-	for _, r := range rows {
-		if r.Bucket < 0 || int(r.Bucket) >= len(out) {
-			continue
-		}
-		if r.Alive {
-			out[r.Bucket].Alive += r.Claims
-		} else {
-			out[r.Bucket].Expired += r.Claims
-		}
-	}
-	return out, nil
-}
-
-// Claims returns the number of claims.
-func (c ClaimAges) Claims() int64 {
-	var n int64
-	for _, b := range c {
-		n += b.Alive + b.Expired
-	}
-	return n
-}
-
-// SVG renders the distribution as bars, live claims below expired ones.
-func (c ClaimAges) SVG() template.HTML {
+// agesPlot renders c as bars, live claims below expired ones.
+func agesPlot(c fleet.ClaimAges) template.HTML {
 	const w, h, top, bottom, left = 620, 140, 16, 22, 34
 	barW := float64(w-left) / float64(len(c))
 	var most int64 = 1

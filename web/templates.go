@@ -6,11 +6,13 @@ import (
 	"html/template"
 	"io"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/fleet"
 )
 
 //go:embed templates/*.html
@@ -55,12 +57,25 @@ var funcs = template.FuncMap{
 	},
 	"query": urlQueryEscape,
 	// filterQuery renders a machine filter as query parameters ending in &.
-	"filterQuery": func(f MachineFilter) template.URL {
-		if q := f.query(); q != "" {
+	"filterQuery": func(f fleet.MachineFilter) template.URL {
+		if q := filterQuery(f); q != "" {
 			return template.URL(q + "&")
 		}
 		return ""
 	},
+	"eventsPlot": eventsPlot,
+	"agesPlot":   agesPlot,
+}
+
+// filterQuery returns a machine filter as URL query parameters.
+func filterQuery(f fleet.MachineFilter) string {
+	var parts []string
+	for _, kv := range [][2]string{{"stage", f.Stage}, {"process", f.Process}, {"backoff", f.Backoff}, {"sort", f.Sort}} {
+		if kv[1] != "" {
+			parts = append(parts, kv[0]+"="+urlQueryEscape(kv[1]))
+		}
+	}
+	return strings.Join(parts, "&")
 }
 
 // relative renders d, an offset from now, as people say it: "3 s ago",

@@ -182,7 +182,7 @@ func TestStopWhenIdleDrainIsBounded(t *testing.T) {
 func TestStopWhenIdleCountsOthersClaims(t *testing.T) {
 	e := newEnv(t, 10)
 	ids := e.machines()
-	other := e.otherSession(e.dsn)
+	other := e.otherSession(e.dsn, envInterval) // alive throughout
 	claim(t, other, ids[:3])
 	l, err := New(e.conn, Config{
 		Process: process, Retrieve: retrieveNotDone, Concurrency: 4,
@@ -208,7 +208,7 @@ func TestStopWhenIdleDrainsDeadSessionsClaims(t *testing.T) {
 	e := newEnv(t, 10)
 	ids := e.machines()
 	proxy, dsn := netproxy.ForDSN(t, e.dsn)
-	dead := e.otherSession(dsn)
+	dead := e.otherSession(dsn, 2*time.Second) // expires 2 s after the cut
 	claim(t, dead, ids[:3])
 	proxy.Cut(false) // the copy is gone: no heartbeat reaches the database
 	l, err := New(e.conn, Config{
@@ -250,10 +250,10 @@ func (e *env) machines() []uuid.UUID {
 }
 
 // otherSession starts a session of another component on dsn (the env's
-// database), with a 2 s interval, closed at the test's end.
-func (e *env) otherSession(dsn string) *bmdb.Session {
+// database), with the given interval, closed at the test's end.
+func (e *env) otherSession(dsn string, interval time.Duration) *bmdb.Session {
 	e.t.Helper()
-	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "other-copy", SessionInterval: 2 * time.Second, WrapConnector: testdb.WrapConnector()})
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: dsn, ComponentName: "other-copy", SessionInterval: interval, WrapConnector: testdb.WrapConnector()})
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -535,7 +535,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 		l.member.busy()
 		poll, widen = l.cfg.PollMin, 0
 		for _, w := range works {
-			handlers.Go(func() { l.handle(claimCtx, workCtx, w, busy, ending) })
+			handlers.Go(func() { l.handle(claimCtx, workCtx, sess, w, busy, ending) })
 		}
 		if capped = capped && len(works) < free; capped {
 			// Short of slots: the next claim would find the cap reached.
@@ -545,32 +545,87 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 	}
 }
 
-// handle is the handler goroutine of w: it runs Config.Work and ends the
-// claim. It gives its busy token back once Work returns, holding one of
-// ending's tokens until the claim is ended.
-func (l *Loop) handle(claimCtx, workCtx context.Context, w *bmdb.Work, busy, ending chan struct{}) {
+// handle is a handler goroutine, started with w: it runs Config.Work and
+// ends the claim, and, as long as the Work succeeds and the loop runs,
+// asks in the same call for its next machine (Work.FinishAndWork: one
+// transaction per machine), working on it in turn. It holds its busy token
+// throughout, and gives it back when it has no next machine. Otherwise
+// (an error to Fail, shutdown, a next claim that found nothing) it gives
+// the token back before the claim ends, holding one of ending's tokens
+// until then, so that the claimer may claim meanwhile.
+func (l *Loop) handle(claimCtx, workCtx context.Context, sess *bmdb.Session, w *bmdb.Work, busy, ending chan struct{}) {
 	freed := false
 	free := func() {
 		if !freed {
 			freed = true
 			<-busy
+			l.wakeClaimer()
 		}
 	}
 	defer free() // also if Work exits its goroutine
-	if claimCtx.Err() != nil {
-		// Claimed as shutdown began (a claim transaction runs for all its
-		// callers): give it back unworked.
-		l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
+	for w != nil {
+		if claimCtx.Err() != nil {
+			// Claimed as shutdown began (a claim transaction runs for all
+			// its callers): give it back unworked.
+			l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
+			return
+		}
+		commit, err := l.cfg.Work(workCtx, w)
+		if err == nil && sess.Context().Err() == nil && claimCtx.Err() == nil {
+			w = l.finishAndClaim(claimCtx, workCtx, sess, w, commit)
+			continue
+		}
+		// The handler is done: its slot goes to the next claim.
+		ending <- struct{}{}
+		free()
+		l.endClaim(workCtx, w, commit, err)
+		<-ending
 		return
 	}
-	commit, err := l.cfg.Work(workCtx, w)
-	// The handler is done: its slot goes to the next claim, which can then
-	// share this end's transaction (one transaction per machine, not two).
-	ending <- struct{}{}
-	defer func() { <-ending }()
-	free()
-	l.wakeClaimer()
-	l.endClaim(workCtx, w, commit, err)
+}
+
+// finishAndClaim finishes w with commit and claims the handler's next
+// machine in the same call, and returns it (nil if none was claimed, or
+// the Finish failed: then it has ended w as endClaim does).
+func (l *Loop) finishAndClaim(claimCtx, workCtx context.Context, sess *bmdb.Session, w *bmdb.Work, commit func(*bmdb.Tx) error) *bmdb.Work {
+	var opts []bmdb.FinishOption
+	switch {
+	case commit == nil && l.batch != nil:
+		opts = []bmdb.FinishOption{bmdb.CommitShared(l.batch)}
+	case commit == nil:
+		commit = func(*bmdb.Tx) error { return nil }
+	}
+	l.polls.Add(1)
+	l.asked.Add(1)
+	var next *bmdb.Work
+	var claimErr error
+	err := l.bounded(workCtx, func(ctx context.Context) error {
+		var err error
+		next, claimErr, err = w.FinishAndWork(ctx, commit, l.retrieve(claimCtx, 0), opts...)
+		return err
+	})
+	if err != nil {
+		l.finishFailed(workCtx, w, err)
+		return nil
+	}
+	l.record(workCtx, w, &l.finished, nil)
+	claimed := 0
+	if next != nil {
+		claimed = 1
+	}
+	l.countClaim(claimed, claimErr)
+	switch {
+	case next != nil:
+		l.member.busy()
+	case claimErr == nil, errors.Is(claimErr, bmdb.ErrNothingToDo), errors.Is(claimErr, bmdb.ErrWorkConflict):
+	case bmdb.IsPermanent(claimErr):
+		l.permanent(fmt.Errorf("%w: worker %s: claiming: %w", ErrPermanent, l.cfg.Process, claimErr))
+	case errors.Is(claimErr, bmdb.ErrUnknownMachine):
+		l.permanent(fmt.Errorf("%w: worker %s: claiming: Config.Retrieve returned an id that is not a machine, a bug in the retrieval: %w", ErrPermanent, l.cfg.Process, claimErr))
+	default:
+		l.claimWarn.warn(fmt.Sprintf("worker %s: claiming: %v", l.cfg.Process, claimErr))
+	}
+	return next
 }
 
 // conflictWiden bounds how many times in a row a claimer that lost all its
@@ -610,16 +665,29 @@ func (l *Loop) sleepUntil(ctx context.Context, d time.Duration, wake <-chan stru
 func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*bmdb.Work, error) {
 	l.polls.Add(1)
 	l.asked.Add(int64(n))
+	works, err := sess.WorkMany(ctx, l.cfg.Process, n, l.retrieve(ctx, widen))
+	l.countClaim(len(works), err)
+	return works, err
+}
+
+// retrieve is Config.Retrieve for a claim, with Candidates<<widen
+// candidates (at most 2^20), shuffled, so that loops of other processes
+// spread over them.
+func (l *Loop) retrieve(ctx context.Context, widen int) func(tx *bmdb.Tx) ([]uuid.UUID, error) {
 	candidates := int32(min(l.cfg.Candidates<<widen, 1<<20))
-	retrieve := func(tx *bmdb.Tx) ([]uuid.UUID, error) {
+	return func(tx *bmdb.Tx) ([]uuid.UUID, error) {
 		ids, err := l.cfg.Retrieve(ctx, tx, candidates)
 		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
 		return ids, err
 	}
-	works, err := sess.WorkMany(ctx, l.cfg.Process, n, retrieve)
+}
+
+// countClaim counts a claim call's outcome: the machines it claimed, or,
+// if none, err's kind.
+func (l *Loop) countClaim(claimed int, err error) {
 	switch {
-	case err == nil:
-		l.claimed.Add(int64(len(works)))
+	case claimed > 0:
+		l.claimed.Add(int64(claimed))
 	case errors.Is(err, bmdb.ErrWorkConflict):
 		l.conflicts.Add(1)
 	case errors.Is(err, bmdb.ErrProcessPaused):
@@ -629,7 +697,6 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*
 	case errors.Is(err, bmdb.ErrNothingToDo):
 		l.nothing.Add(1)
 	}
-	return works, err
 }
 
 // endClaim ends one claim after Config.Work returned commit and err.
@@ -650,23 +717,11 @@ func (l *Loop) endClaim(workCtx context.Context, w *bmdb.Work, commit func(*bmdb
 		case commit == nil:
 			finish = func(ctx context.Context) error { return w.Finish(ctx, func(*bmdb.Tx) error { return nil }) }
 		}
-		err := l.bounded(workCtx, finish)
-		if err != nil && !lost(err) {
-			// The commit itself failed (or its outcome is unknown): back off
-			// rather than retry it at once. If it did commit, Fail finds the
-			// claim gone.
-			named := fmt.Errorf("worker %s: finishing machine %s: %w", l.cfg.Process, w.Machine(), err)
-			if bmdb.IsPermanent(err) {
-				l.permanent(fmt.Errorf("%w: %w", ErrPermanent, named))
-			} else {
-				klog.Warningf("%v", named)
-			}
-			l.record(workCtx, w, &l.failed, l.bounded(workCtx, func(ctx context.Context) error {
-				return w.Fail(ctx, &l.cfg.Backoff, "finish failed: "+err.Error())
-			}))
+		if err := l.bounded(workCtx, finish); err != nil {
+			l.finishFailed(workCtx, w, err)
 			return
 		}
-		l.record(workCtx, w, &l.finished, err)
+		l.record(workCtx, w, &l.finished, nil)
 	case errors.Is(context.Cause(workCtx), errShutdown):
 		l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
 	default:
@@ -674,6 +729,26 @@ func (l *Loop) endClaim(workCtx context.Context, w *bmdb.Work, commit func(*bmdb
 			return w.Fail(ctx, &l.cfg.Backoff, err.Error())
 		}))
 	}
+}
+
+// finishFailed handles the failure err of w's Finish: a claim gone is
+// counted lost; otherwise the commit itself failed (or its outcome is
+// unknown): the loop backs off rather than retry it at once, with Fail
+// (which, if the Finish did commit, finds the claim gone).
+func (l *Loop) finishFailed(workCtx context.Context, w *bmdb.Work, err error) {
+	if lost(err) {
+		l.record(workCtx, w, &l.finished, err)
+		return
+	}
+	named := fmt.Errorf("worker %s: finishing machine %s: %w", l.cfg.Process, w.Machine(), err)
+	if bmdb.IsPermanent(err) {
+		l.permanent(fmt.Errorf("%w: %w", ErrPermanent, named))
+	} else {
+		klog.Warningf("%v", named)
+	}
+	l.record(workCtx, w, &l.failed, l.bounded(workCtx, func(ctx context.Context) error {
+		return w.Fail(ctx, &l.cfg.Backoff, "finish failed: "+err.Error())
+	}))
 }
 
 // bounded runs one call that ends a claim. It must not be cut short by

@@ -32,9 +32,21 @@ type env struct {
 	conn *bmdb.Connection
 }
 
-// newEnv gives a test its database with a "done" tag table and n machines.
 // loopApp is the application_name of the loop's connections.
 const loopApp = "worker-test-loop"
+
+// envInterval is the session interval of newEnv's Connection. No test of
+// the package is about a session expiring by itself: those that need an
+// expiry force it in the database (or cut the network of another
+// Connection's), so the interval is long enough that a loaded machine
+// never expires a session by accident. A heartbeat then has half of it,
+// 5 s, to succeed, where 3 s sessions (1.5 s, and 1.25 s in cockroach
+// mode) lost their loops' claims under three CPU spinners beside the
+// suite. The cost: a session whose expiry a test forces notices it at its
+// next heartbeat, up to 5 s later.
+const envInterval = 10 * time.Second
+
+// newEnv gives a test its database with a "done" tag table and n machines.
 
 func newEnv(t *testing.T, n int) *env {
 	t.Helper()
@@ -51,9 +63,7 @@ func newEnv(t *testing.T, n int) *env {
 	if _, err := db.Exec("INSERT INTO machines (machine_id) SELECT gen_random_uuid() FROM generate_series(1, $1::INT8)", n); err != nil {
 		t.Fatal(err)
 	}
-	// Long enough that a loaded machine does not expire sessions by accident:
-	// tests of expiry force it in the database.
-	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: testdb.WithApplicationName(t, dsn, loopApp), ComponentName: "worker-test", SessionInterval: 3 * time.Second, WrapConnector: testdb.WrapConnector()})
+	conn, err := bmdb.Open(context.Background(), bmdb.Config{DSN: testdb.WithApplicationName(t, dsn, loopApp), ComponentName: "worker-test", SessionInterval: envInterval, WrapConnector: testdb.WrapConnector()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -253,27 +263,54 @@ func TestLoopShutdownCancelsWorkAfterGrace(t *testing.T) {
 	e := newEnv(t, 2)
 	const grace = 300 * time.Millisecond
 	var sawCause atomic.Value
+	var cutAt atomic.Int64 // when Work saw its context end, Unix nanoseconds
+	working := make(chan struct{}, 2)
 	l, stop := e.start(Config{
 		Concurrency:   2,
 		PollMin:       10 * time.Millisecond,
 		ShutdownGrace: grace,
 		Work: func(ctx context.Context, w *bmdb.Work) (func(*bmdb.Tx) error, error) {
+			working <- struct{}{}
 			<-ctx.Done() // work that outlasts any grace period
+			cutAt.Store(time.Now().UnixNano())
 			sawCause.Store(context.Cause(ctx))
 			return nil, ctx.Err()
 		},
 	})
-	eventually(t, 10*time.Second, "both machines claimed", func() bool { return e.count("SELECT count(*) FROM work") == 2 })
+	// Both handlers at work (a claim row alone is not enough: a handler
+	// that sees shutdown before its Work starts gives the claim back
+	// unworked, at once).
+	for range 2 {
+		select {
+		case <-working:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Work did not start on both machines")
+		}
+	}
+	probe := startDelayProbe(t)
+	begun := time.Now()
 	took := stop()
-	// Just over the grace: the Cancels and the session's Close follow it,
-	// seconds on a loaded machine; work that is never cut off would keep
-	// Run from returning at all.
-	if took < grace || took > grace+5*time.Second {
-		t.Errorf("Run returned %v after shutdown, want just over the %v grace", took, grace)
-	}
+	late := probe.stop()
 	if c, _ := sawCause.Load().(error); !errors.Is(c, errShutdown) {
-		t.Errorf("work context cause = %v", c)
+		t.Fatalf("work context cause = %v", c)
 	}
+	// The work is cut off at the grace, not before; after it by no more
+	// than the wake-ups between the shutdown, the grace's timer and the
+	// handler (a few goroutine hops, each at most the worst scheduling
+	// delay measured meanwhile).
+	cut := time.Unix(0, cutAt.Load()).Sub(begun)
+	if limit := grace + 4*late + 50*time.Millisecond; cut < grace || cut > limit {
+		t.Errorf("work cut off %v after shutdown began, want %v to %v (the grace, and 4 times the worst scheduling delay seen, %v)", cut, grace, limit, late)
+	}
+	// Run returns once the claims are Canceled and the session closed:
+	// each is bounded by ShutdownGrace + 1 s (a Cancel that fails is tried
+	// once more with the same bound, then Close cancels it), so Run is
+	// back within grace + 3 (grace + 1 s), plus the scheduling delays.
+	// Work that is never cut off would keep Run from returning at all.
+	if limit := grace + 3*(grace+time.Second) + 4*late; took < grace || took > limit {
+		t.Errorf("Run returned %v after shutdown, want %v to %v", took, grace, limit)
+	}
+	t.Logf("work cut off after %v, Run returned after %v (grace %v, worst scheduling delay %v)", cut.Round(time.Millisecond), took.Round(time.Millisecond), grace, late)
 	for m, events := range e.history() {
 		if !slices.Equal(events, []string{"Started@1", "Canceled@1"}) {
 			t.Errorf("machine %s: history %v", m, events)
@@ -354,7 +391,8 @@ func TestLoopRecoversFromSessionLoss(t *testing.T) {
 	if _, err := e.db.Exec("UPDATE sessions SET deadline = now() - INTERVAL '1 second'"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "the machine done by a new session", func() bool { return e.count("SELECT count(*) FROM done") == 1 })
+	// The session notices at its next heartbeat, up to envInterval/2 later.
+	eventually(t, envInterval+20*time.Second, "the machine done by a new session", func() bool { return e.count("SELECT count(*) FROM done") == 1 })
 	stop()
 	for m, events := range e.history() {
 		if !slices.Equal(events, []string{"Started@1", "Abandoned@1", "Started@2", "Finished@2"}) {
@@ -368,25 +406,35 @@ func TestLoopRecoversFromSessionLoss(t *testing.T) {
 
 func TestLoopIdleDoesNotSpin(t *testing.T) {
 	e := newEnv(t, 0)
+	const pollMin, pollMax = 20 * time.Millisecond, 100 * time.Millisecond
 	l, stop := e.start(Config{
 		Concurrency: 4,
-		PollMin:     20 * time.Millisecond,
-		PollMax:     100 * time.Millisecond,
+		PollMin:     pollMin,
+		PollMax:     pollMax,
 		Work: func(context.Context, *bmdb.Work) (func(*bmdb.Tx) error, error) {
 			return nil, errors.New("nothing should be claimed")
 		},
 	})
-	const window = time.Second
-	time.Sleep(window) // the observation window
-	stop()
-	// Each claimer waits 20, 40, 80, 100, 100... ms (jittered down by up
-	// to half): at most ~25 polls per claimer in a second. A hot loop makes
-	// thousands.
-	polls := l.Stats().Polls
-	if polls < 4 || polls > 4*25 {
-		t.Errorf("%d polls in %v by 4 idle claimers", polls, window)
+	// The claimer (one for the loop's 4 handlers) waits 20, 40, 80, then
+	// 100 ms between claims that find nothing, each jittered down by up
+	// to half: from the fourth claim on, consecutive claims are at least
+	// pollMax/2 apart. So a window of w holds at most 1 + w/(pollMax/2)
+	// claims, however slow the machine (a loaded one makes fewer); a hot
+	// loop makes thousands.
+	eventually(t, 30*time.Second, "four idle claims", func() bool { return l.Stats().Polls >= 4 })
+	from, began := l.Stats().Polls, time.Now()
+	time.Sleep(time.Second) // the observation window
+	polls, window := l.Stats().Polls-from, time.Since(began)
+	if limit := 1 + int64(window/(pollMax/2)); polls > limit {
+		t.Errorf("%d claims in %v by an idle loop, want at most %d", polls, window, limit)
 	}
-	t.Logf("%d polls in %v", polls, window)
+	t.Logf("%d claims in %v", polls, window)
+	// And it still polls.
+	eventually(t, 30*time.Second, "another idle claim", func() bool { return l.Stats().Polls > from+polls })
+	stop()
+	if st := l.Stats(); st.Sessions != 1 || st.Claimed != 0 {
+		t.Errorf("stats %+v, want one session (a new one starts polling at PollMin again) and no claim", st)
+	}
 }
 
 func TestNewRejectsBadConfig(t *testing.T) {

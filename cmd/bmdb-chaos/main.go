@@ -65,7 +65,7 @@ func harnessMain(args []string) int {
 	fs.DurationVar(&cfg.GCPeriod, "gc-period", cfg.GCPeriod, "bmdb GC period of the workers")
 	fs.DurationVar(&cfg.WorkMin, "work-min", cfg.WorkMin, "shortest simulated work per item")
 	fs.DurationVar(&cfg.WorkMax, "work-max", cfg.WorkMax, "longest simulated work per item")
-	fs.DurationVar(&cfg.ReclaimSlack, "reclaim-slack", cfg.ReclaimSlack, "allowed beyond interval + GC period for a reclaim")
+	fs.DurationVar(&cfg.ReclaimSlack, "reclaim-slack", cfg.ReclaimSlack, "allowed beyond the reclaim and release bounds on an idle machine (the measured delays come on top)")
 	fs.StringVar(&cfg.PGDir, "pg-dir", "", "directory of the throwaway PostgreSQL cluster (default: a new temp dir)")
 	fs.BoolVar(&cfg.KeepPG, "keep-pg", false, "leave the cluster running afterwards, for inspection")
 	fs.StringVar(&cfg.LogDir, "log-dir", "", "directory of the worker logs (default: a new temp dir)")

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"flag"
 	"fmt"
 	"slices"
@@ -13,8 +12,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/fleet"
 	"github.com/bmdb-dev/bmdb/model"
-	"github.com/bmdb-dev/bmdb/web"
 )
 
 type runFunc = func(ctx context.Context, c *common, args []string) error
@@ -174,10 +173,10 @@ func backoffsCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// stageNames returns the application's stages (web.ViewStages), nil if it
-// defines none.
+// stageNames returns the application's stages (fleet.ViewStages), nil if
+// it defines none.
 func stageNames(ctx context.Context, conn *bmdb.Connection) ([]string, error) {
-	stages, err := web.ReadStages(ctx, conn.DB())
+	stages, err := fleet.ReadStages(ctx, conn.DB())
 	if err != nil || stages == nil {
 		return nil, err
 	}
@@ -190,13 +189,6 @@ func stageNames(ctx context.Context, conn *bmdb.Connection) ([]string, error) {
 
 // machinesLimitDefault is the default --limit of machines.
 const machinesLimitDefault = 100
-
-// machinesPage is machines --json: a page of machines and, if there are
-// more, the --after of the next page (as in the web's /machines JSON).
-type machinesPage struct {
-	Machines []web.MachineRow `json:"machines"`
-	Next     string           `json:"next,omitempty"`
-}
 
 func machinesCommand(fs *flag.FlagSet) runFunc {
 	stage := fs.String("stage", "", "only machines at this stage of the application's (its app_stages view)")
@@ -213,47 +205,40 @@ func machinesCommand(fs *flag.FlagSet) runFunc {
 		if err := checkLimit(*limit); err != nil {
 			return err
 		}
-		afterID := uuid.Nil
 		if *after != "" {
-			var err error
-			if afterID, err = parseMachine("--after", *after); err != nil {
+			if _, err := parseMachine("--after", *after); err != nil {
 				return err
 			}
 		}
-		return withQueries(ctx, c, func(q *model.Queries, conn *bmdb.Connection) error {
+		return withQueries(ctx, c, func(_ *model.Queries, conn *bmdb.Connection) error {
 			stages, err := stageNames(ctx, conn)
 			if err != nil {
 				return err
 			}
 			switch {
 			case *stage != "" && stages == nil:
-				return usagef("--stage %q: this database defines no stages (no %s view)", *stage, web.ViewStages)
+				return usagef("--stage %q: this database defines no stages (no %s view)", *stage, fleet.ViewStages)
 			case *stage != "" && !slices.Contains(stages, *stage):
 				return usagef("--stage %q is not one of %v", *stage, stages)
 			}
-			// One more than a page: whether there is a next one.
-			rows, err := web.ListMachines(ctx, conn.DB(), web.MachineFilter{Stage: *stage, Process: *process}, afterID, *limit+1, stages != nil)
+			page, err := fleet.ListMachines(ctx, conn.DB(), fleet.MachineFilter{Stage: *stage, Process: *process}, *after, *limit, stages != nil)
 			if err != nil {
 				return err
 			}
-			next := ""
-			if len(rows) > *limit {
-				rows = rows[:*limit]
-				next = rows[len(rows)-1].MachineID.String()
-			}
 			if c.json {
-				// The web's /machines JSON has the same two keys.
-				return writeJSON(c.out, machinesPage{Machines: rows, Next: next})
+				// A page of machines and, if there are more, the --after
+				// of the next: the web's /machines JSON has the same keys.
+				return writeJSON(c.out, page)
 			}
 			t := &table{header: []string{"MACHINE", "STAGE", "LIVE_CLAIMS", "EXPIRED_CLAIMS", "BACKOFFS", "CREATED"}}
-			for _, r := range rows {
+			for _, r := range page.Machines {
 				t.add(r, r.MachineID, r.Stage, r.LiveClaims, r.ExpiredClaims, r.ActiveBackoffs, r.MachineCreatedAt)
 			}
 			if err := t.print(c.out, false); err != nil {
 				return err
 			}
-			if next != "" {
-				cmd := "bmdbctl machines --after " + next
+			if page.Next != "" {
+				cmd := "bmdbctl machines --after " + page.Next
 				if *stage != "" {
 					cmd += " --stage " + *stage
 				}
@@ -316,8 +301,8 @@ func historyCommand(fs *flag.FlagSet) runFunc {
 		return withQueries(ctx, c, func(q *model.Queries, conn *bmdb.Connection) error {
 			var from sql.NullTime
 			if *since > 0 {
-				var now time.Time
-				if err := conn.DB().QueryRowContext(ctx, "SELECT now()").Scan(&now); err != nil {
+				now, err := fleet.Now(ctx, conn.DB())
+				if err != nil {
 					return err
 				}
 				from = sql.NullTime{Time: now.Add(-*since), Valid: true}
@@ -359,10 +344,10 @@ func prune(ctx context.Context, c *common, olderThan time.Duration, batch int) e
 }
 
 // machineJSON is machine ID --json: one object with the keys of the web
-// page's JSON (web.Machine) that bmdbctl shows. Its backoffs are those in
-// force, as in backoffs --json.
+// page's JSON (fleet.Machine) that bmdbctl shows. Its backoffs are those
+// in force, as in backoffs --json.
 type machineJSON struct {
-	Status   web.MachineRow          `json:"status"`
+	Status   fleet.MachineRow        `json:"status"`
 	Work     []model.CurrentWork     `json:"work"`
 	Backoffs []model.ActiveBackoff   `json:"backoffs"`
 	History  []model.ReadableHistory `json:"history"`
@@ -397,14 +382,7 @@ func machineCommand(fs *flag.FlagSet) runFunc {
 func readMachine(ctx context.Context, q *model.Queries, conn *bmdb.Connection, id uuid.UUID, limit int) (machineJSON, error) {
 	var m machineJSON
 	var err error
-	m.Status.MachineOverview, err = q.MachineOverviewGet(ctx, id)
-	if errors.Is(err, sql.ErrNoRows) {
-		return m, fmt.Errorf("no machine %s", id)
-	}
-	if err != nil {
-		return m, err
-	}
-	if m.Status.Stage, err = machineStage(ctx, conn, id); err != nil {
+	if m.Status, err = fleet.ReadMachineStatus(ctx, conn.DB(), id); err != nil {
 		return m, err
 	}
 	if m.Work, err = q.CurrentWorkForMachine(ctx, id); err != nil {
@@ -415,17 +393,6 @@ func readMachine(ctx context.Context, q *model.Queries, conn *bmdb.Connection, i
 	}
 	m.History, err = q.ReadableHistoryForMachine(ctx, model.ReadableHistoryForMachineParams{MachineID: id, RowLimit: int32(limit)})
 	return m, err
-}
-
-// machineStage returns the stage of machine id, "" if the application
-// defines no stages.
-func machineStage(ctx context.Context, conn *bmdb.Connection, id uuid.UUID) (string, error) {
-	stages, err := stageNames(ctx, conn)
-	if err != nil || stages == nil {
-		return "", err
-	}
-	byID, err := web.ReadMachineStages(ctx, conn.DB(), []uuid.UUID{id})
-	return byID[id], err
 }
 
 // printMachine writes m as one JSON object, or as a heading and three
@@ -469,7 +436,7 @@ func backoffCommand(fs *flag.FlagSet) runFunc {
 		if why == "" {
 			why = "cleared by " + runtimeInfo()
 		}
-		err = c.withSession(ctx, func(sess *bmdb.Session) error {
+		err = c.withSession(ctx, nil, func(sess *bmdb.Session) error {
 			return sess.ClearBackoff(ctx, id, *process, why)
 		})
 		if err != nil {

@@ -1,7 +1,7 @@
 // Command bmdbctl is the operator's tool for a bmdb database: schema
 // migrations, what sessions, claims and backoffs exist now, a machine's
-// history, clearing a backoff, pausing and capping a process, garbage
-// collection and history retention.
+// history, clearing a backoff, pausing and capping a process and deleting
+// its controls, garbage collection and history retention.
 //
 //	bmdbctl [flags] COMMAND [flags] [args]
 //
@@ -20,11 +20,14 @@
 //	                               the fleet's events, or one machine's, newest first
 //	history prune --older-than D [--batch N]
 //	backoff clear --machine ID --process P [--reason R]
-//	pause PROCESS [--reason R] [--by NAME]
+//	pause PROCESS [--new] [--reason R] [--by NAME]
 //	                               pause a process fleet-wide: no new claim of it anywhere
-//	resume PROCESS [--reason R] [--by NAME]
-//	cap PROCESS N | PROCESS --none [--reason R] [--by NAME]
+//	resume PROCESS [--new] [--reason R] [--by NAME]
+//	cap PROCESS N | PROCESS --none [--new] [--reason R] [--by NAME]
 //	                               at most N live claims of it, fleet-wide; --none removes the cap
+//	controls delete PROCESS [--force] [--reason R] [--by NAME]
+//	                               delete a process's controls row (--force: even if it is paused
+//	                               or capped, which lifts that)
 //	processes [--history [--process P] [--limit N]]
 //	                               each process: paused or running, cap, live claims, last change
 //	gc                             delete expired sessions once
@@ -39,8 +42,13 @@
 //
 // --json prints the records of a table as an array of objects, or one
 // object for machine ID, whose field names are those of the web pages' JSON
-// (package web): component_name, machine_created_at, …. History is listed
-// newest first, as on the web pages.
+// (both read package fleet's types): component_name, machine_created_at, ….
+// History is listed newest first, as on the web pages.
+//
+// pause, resume and cap refuse a process the database does not know (no
+// claims, history, backoffs or controls yet), naming the known ones and
+// the nearest, since a typo would otherwise make controls of its own;
+// --new controls such a process anyway.
 //
 // migrate prints the version of bmdb's schema and of every application's
 // after up, down and version, and exits with status 1 if one is dirty (a
@@ -60,6 +68,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -107,10 +116,11 @@ var commands = []command{
 	{"history", []string{"history [--machine ID] [--process P] [--since D] [--limit N]", "history prune --older-than D [--batch N]"},
 		"the fleet's events, or one machine's, newest first; prune deletes old events of every machine", historyCommand},
 	{"backoff", []string{"backoff clear --machine ID --process P [--reason R]"}, "clear a backoff, recorded as BackoffCleared", backoffCommand},
-	{"pause", []string{"pause PROCESS [--reason R] [--by NAME]"}, "pause a process fleet-wide: no new claim of it commits anywhere until resume (held claims end normally)", pauseCommand},
-	{"resume", []string{"resume PROCESS [--reason R] [--by NAME]"}, "end a pause: components claim again at their next poll", resumeCommand},
-	{"cap", []string{"cap PROCESS N [--reason R] [--by NAME]", "cap PROCESS --none"}, "cap a process at N live claims, fleet-wide, or remove its cap", capCommand},
-	{"processes", []string{"processes [--history [--process P] [--limit N]]"}, "each process: paused or running, its cap, live claims, last change; --history lists the changes", processesCommand},
+	{"pause", []string{"pause PROCESS [--new] [--reason R] [--by NAME]"}, "pause a process fleet-wide: no new claim of it commits anywhere until resume (held claims end normally); --new for a process the database does not know yet", pauseCommand},
+	{"resume", []string{"resume PROCESS [--new] [--reason R] [--by NAME]"}, "end a pause: components claim again at their next poll", resumeCommand},
+	{"cap", []string{"cap PROCESS N [--new] [--reason R] [--by NAME]", "cap PROCESS --none"}, "cap a process at N live claims, fleet-wide, or remove its cap", capCommand},
+	{"controls", []string{"controls delete PROCESS [--force] [--reason R] [--by NAME]"}, "delete a process's controls (it leaves processes until its next claim); --force for a paused or capped one, whose pause and cap that lifts", controlsCommand},
+	{"processes", []string{"processes [--history [--process P] [--limit N]]"}, "each process with controls: paused or running, its cap, live claims, last change; --history lists the changes", processesCommand},
 	{"gc", []string{"gc"}, "delete expired sessions once", gcCommand},
 	{"serve", []string{"serve [--addr HOST:PORT] [--operators FILE]"}, "serve the web pages (package web): read-only, or with pause, resume, cap and clear-backoff buttons for operators who sign in (--operators FILE or $BMDB_OPERATORS: NAME:TOKEN entries)", serveCommand},
 }
@@ -238,11 +248,18 @@ func addCommonFlags(fs *flag.FlagSet, c *common, defaults common) {
 }
 
 // parseInterspersed parses flags that may come before, between or after
-// positional arguments, and returns the positional ones.
+// positional arguments, and returns the positional ones. A negative
+// number where a flag could be (cap P -1) is a positional argument, for
+// its command to judge, not an undefined flag.
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var rest []string
 	for {
 		if err := fs.Parse(args); err != nil {
+			if n, ok := negativeNumber(err); ok {
+				// package flag has consumed it: the rest follows.
+				rest, args = append(rest, n), fs.Args()
+				continue
+			}
 			return nil, err
 		}
 		args = fs.Args()
@@ -252,6 +269,19 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 		rest = append(rest, args[0])
 		args = args[1:]
 	}
+}
+
+// negativeNumber returns the argument that package flag's err calls an
+// undefined flag if it is a negative number, such as -1.
+func negativeNumber(err error) (string, bool) {
+	arg, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: ")
+	if !ok || len(arg) < 2 || arg[0] != '-' {
+		return "", false
+	}
+	if _, perr := strconv.ParseFloat(arg, 64); perr != nil {
+		return "", false
+	}
+	return arg, true
 }
 
 // cliError restates an error of bmdb about its Config.DSN (which bmdbctl
@@ -296,15 +326,22 @@ func (c *common) open(ctx context.Context) (*bmdb.Connection, error) {
 	})
 }
 
-// withSession opens a Connection, runs fn on a session of its own, and
-// closes both: for the commands that act (backoff clear, pause, resume,
-// cap), since bmdb's writes go through a live session.
-func (c *common) withSession(ctx context.Context, fn func(*bmdb.Session) error) error {
+// withSession opens a Connection, runs check on it, then fn on a session
+// of its own (unless check failed), and closes both: for the commands
+// that act (backoff clear, pause, resume, cap, controls delete), since
+// bmdb's writes go through a live session. check may be nil; it reads what
+// the command must know before it acts, without a session row.
+func (c *common) withSession(ctx context.Context, check func(*bmdb.Connection) error, fn func(*bmdb.Session) error) error {
 	conn, err := c.open(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
+	if check != nil {
+		if err := check(conn); err != nil {
+			return err
+		}
+	}
 	sess, err := conn.StartSession(ctx)
 	if err != nil {
 		return err
@@ -316,5 +353,5 @@ func (c *common) withSession(ctx context.Context, fn func(*bmdb.Session) error) 
 // runtimeInfo describes this run of bmdbctl for its session row, the
 // migration lease and a cleared backoff's history: who ran it, where.
 func runtimeInfo() string {
-	return procinfo.Describe() + ", run by " + os.Getenv("USER")
+	return procinfo.DescribeRun()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/bmdb-dev/bmdb/bmdbtest"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline"
 	"github.com/bmdb-dev/bmdb/cmd/worker-example/pipeline/pipelinedb"
+	"github.com/bmdb-dev/bmdb/fleet"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/migrations"
 	"github.com/bmdb-dev/bmdb/model"
@@ -110,20 +111,20 @@ func ok(t *testing.T, dsn string, args ...string) string {
 	return out
 }
 
-// fleet is a seeded database: machine busy is claimed by a live
+// seeded is a database machine busy is claimed by a live
 // "os-installer" session, machine failed is in backoff for install-os.
-type fleet struct {
+type seeded struct {
 	dsn          string
 	busy, failed uuid.UUID
 	sess         *bmdb.Session
 	db           *sql.DB // for the web pages
 }
 
-func seed(t *testing.T) fleet {
+func seed(t *testing.T) seeded {
 	t.Helper()
 	t.Parallel()
 	ctx := context.Background()
-	f := fleet{dsn: testdb.New(t)}
+	f := seeded{dsn: testdb.New(t)}
 	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: f.dsn, ComponentName: "os-installer", SessionInterval: 10 * time.Second,
 		Application: pipeline.Application()})
 	if err != nil {
@@ -195,8 +196,8 @@ func TestSessionsWorkBackoffs(t *testing.T) {
 func TestMachinesAndMachine(t *testing.T) {
 	f := seed(t)
 	var page struct {
-		Machines []web.MachineRow `json:"machines"`
-		Next     *string          `json:"next"`
+		Machines []fleet.MachineRow `json:"machines"`
+		Next     *string            `json:"next"`
 	}
 	if err := json.Unmarshal([]byte(ok(t, f.dsn, "machines", "--json")), &page); err != nil || len(page.Machines) != 2 || page.Next != nil {
 		t.Fatalf("machines --json = %+v, %v; want 2 machines and no next", page, err)
@@ -442,7 +443,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"migrate", "down", "--steps", "0"}, 2, "--steps is 0, must be positive"},
 		{[]string{"migrate", "force"}, 2, "migrate force takes one VERSION, got 0 arguments"},
 		{[]string{"migrate", "force", "two"}, 2, `VERSION "two" is not a version number`},
-		{[]string{"migrate", "force", "-1"}, 2, "flag provided but not defined: --1"},
+		{[]string{"migrate", "force", "-1"}, 2, `VERSION "-1" is not a version number`},
 		{[]string{"migrate", "force", "999"}, 2, "version 999 is not one of the migrations of bmdb's schema: want 0 (none applied) or one of 1-"},
 		{[]string{"migrate", "up", "--app", "racks"}, 2, "migrate up --app racks needs --migrations DIR"},
 		{[]string{"migrate", "version", "--migrations", "."}, 2, "--migrations needs --app"},
@@ -823,7 +824,7 @@ func TestMachinesWithoutStages(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	var page machinesPage
+	var page fleet.MachinePage
 	if err := json.Unmarshal([]byte(ok(t, dsn, "machines", "--json")), &page); err != nil || len(page.Machines) != 1 || page.Machines[0].Stage != "" {
 		t.Errorf("machines --json = %+v, %v", page, err)
 	}

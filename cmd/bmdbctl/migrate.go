@@ -2,23 +2,28 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
 
-// The migrate command is package migrations' Migrator on the command line.
-// bmdbctl embeds bmdb's migrations, not an application's: --migrations DIR
-// gives it an application's files (its repository's directory), so that
-// up applies them and force and down know their versions; without them it
-// knows of an application only what the database records.
+// The migrate command is package migrations' Migrator on the command line,
+// over a pool of its own on --dsn (bmdb's driver wrapper: every call cut
+// when --timeout ends). bmdbctl embeds bmdb's migrations, not an
+// application's: --migrations DIR gives it an application's files (its
+// repository's directory), so that up applies them and force and down
+// know their versions; without them it knows of an application only what
+// the database records.
 
 func migrateCommand(fs *flag.FlagSet) runFunc {
 	steps := fs.Int("steps", 1, "migrate down: how many migrations to revert")
@@ -56,7 +61,16 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 		case sub == "down" && *steps < 1:
 			return usagef("--steps is %d, must be positive", *steps)
 		}
-		m, err := newMigrator(c, *app, *dir)
+		cfg, err := migratorConfig(*app, *dir)
+		if err != nil {
+			return err
+		}
+		db, err := newPool(c)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		m, err := migrations.New(db, cfg)
 		if err != nil {
 			return err
 		}
@@ -70,11 +84,19 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 		case "unlock":
 			return clearMigrationLock(ctx, c, m)
 		case "up":
-			if err := m.Up(ctx); err != nil {
+			res, err := m.Up(ctx)
+			if perr := printRan(c, res); err == nil {
+				err = perr
+			}
+			if err != nil {
 				return err
 			}
 		case "down":
-			if err := m.Down(ctx, schema, *steps); err != nil {
+			res, err := m.Down(ctx, schema, *steps)
+			if perr := printRan(c, res); err == nil {
+				err = perr
+			}
+			if err != nil {
 				return err
 			}
 		case "force":
@@ -88,9 +110,9 @@ func migrateCommand(fs *flag.FlagSet) runFunc {
 	}
 }
 
-// newMigrator returns the Migrator of c's database, with the files in dir
-// as the application app's if dir is set.
-func newMigrator(c *common, app, dir string) (*migrations.Migrator, error) {
+// migratorConfig returns the Migrator's Config, with the files in dir as
+// the application app's if dir is set.
+func migratorConfig(app, dir string) (*migrations.Config, error) {
 	cfg := &migrations.Config{HolderInfo: runtimeInfo()}
 	if dir != "" {
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
@@ -102,7 +124,48 @@ func newMigrator(c *common, app, dir string) (*migrations.Migrator, error) {
 		}
 		cfg.Application = a
 	}
-	return migrations.New(c.dsn, cfg)
+	return cfg, nil
+}
+
+// migrateNetworkTimeout bounds connecting when the command's ctx does not
+// (it always does: --timeout), and a connection whose peer stops
+// answering (TCP keepalives and user timeout).
+const migrateNetworkTimeout = 10 * time.Second
+
+// newPool returns a pool on c's database for the Migrator, which connects
+// when it first needs to (so that migrate force checks its VERSION
+// first): bmdb's driver wrapper, without the session bounds of a
+// Connection's pool (the Migrator sets its migration connection's own). A
+// malformed DSN is a usage error naming --dsn.
+func newPool(c *common) (*sql.DB, error) {
+	connector, err := dbconn.NewConnector(c.dsn, migrateNetworkTimeout, dbconn.Settings{}, nil)
+	if err != nil {
+		return nil, usagef("--dsn (or $BMDB_DSN) is malformed: %s", strings.TrimPrefix(err.Error(), dbconn.ErrMalformedDSN.Error()+": "))
+	}
+	return sql.OpenDB(connector), nil
+}
+
+// printRan says what migrate up or down ran, before the versions: one line
+// a migration (nothing with --json, whose output is the versions only).
+func printRan(c *common, res *migrations.Result) error {
+	if c.json || res == nil {
+		return nil
+	}
+	for _, m := range res.Migrations {
+		what := "bmdb's schema"
+		if m.Schema != migrations.SchemaBmdb {
+			what = "application " + m.Schema
+		}
+		if _, err := fmt.Fprintf(c.out, "ran %s (%s) in %v\n", m.Name, what, m.Duration.Round(time.Millisecond)); err != nil {
+			return err
+		}
+	}
+	for _, step := range res.CockroachSteps {
+		if _, err := fmt.Fprintf(c.out, "applied CockroachDB's step %s\n", step); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // schemaRow is one line of migrate version: bmdb's schema, or an
@@ -186,8 +249,8 @@ func showMigrationLock(ctx context.Context, c *common, m *migrations.Migrator) e
 	return t.print(c.out, c.json)
 }
 
-// clearMigrationLock deletes the migration lock (and golang-migrate's
-// cockroachdb lock row), live or not.
+// clearMigrationLock deletes the migration lock (and a golang-migrate
+// cockroachdb lock row older binaries left), live or not.
 func clearMigrationLock(ctx context.Context, c *common, m *migrations.Migrator) error {
 	cleared, err := m.ClearLock(ctx)
 	if err != nil {

@@ -20,7 +20,12 @@ import (
 // bmdbLatest is the newest version of bmdb's migrations.
 func bmdbLatest(t *testing.T, dsn string) uint {
 	t.Helper()
-	m, err := migrations.New(dsn, nil)
+	db, err := sql.Open("postgres", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	m, err := migrations.New(db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -150,9 +155,14 @@ func TestMigrateForceDirtyApplication(t *testing.T) {
 func TestMigrateForceDirtyBmdb(t *testing.T) {
 	t.Parallel()
 	dsn := testdb.NewEmpty(t)
-	ok(t, dsn, "migrate", "up")
+	if out := ok(t, dsn, "migrate", "up"); !regexp.MustCompile(`(?m)^ran 000001_init.up.sql \(bmdb's schema\) in \d`).MatchString(out) ||
+		!strings.Contains(out, "ran 000015_fleet_controls.up.sql (bmdb's schema)") {
+		t.Errorf("migrate up of an empty database does not say what it ran:\n%s", out)
+	}
 	latest := bmdbLatest(t, dsn)
-	ok(t, dsn, "migrate", "down", "--steps", strconv.Itoa(int(latest-1)))
+	if out := ok(t, dsn, "migrate", "down", "--steps", strconv.Itoa(int(latest-1))); !strings.Contains(out, "ran 000002_example_tags.down.sql (bmdb's schema)") || strings.Contains(out, "000001_init") {
+		t.Errorf("migrate down to 1 does not say what it ran:\n%s", out)
+	}
 	execSQL(t, dsn, "UPDATE schema_migrations SET dirty = true")
 	for _, args := range [][]string{{"migrate", "version"}, {"sessions"}} {
 		out, errOut, code := ctl(t, dsn, args...)

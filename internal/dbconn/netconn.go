@@ -64,11 +64,7 @@ type Connector struct {
 	dialer   *dialer
 	timeout  time.Duration // bounds connecting when ctx has no deadline
 	settings Settings
-	// base, if not nil, bounds every call of the pool: when it ends, every
-	// connection is cut (a migration pool, bounded by Open's ctx, whose
-	// driver uses context.Background()).
-	base context.Context
-	pins pinState
+	pins     pinState
 }
 
 // NewConnector parses dsn for a pool whose connections are bounded as
@@ -90,12 +86,6 @@ func NewConnector(dsn string, networkTimeout time.Duration, settings Settings, w
 	return &Connector{pq: inner, dialer: d, timeout: networkTimeout, settings: settings}, nil
 }
 
-// Bound makes every call of c's pool end when ctx ends, whatever context
-// the call was given: a migration pool, whose driver uses
-// context.Background(), bounded by the ctx of Open. Call it before the
-// pool is opened.
-func (c *Connector) Bound(ctx context.Context) { c.base = ctx }
-
 // Driver implements driver.Connector.
 func (c *Connector) Driver() driver.Driver { return c.pq.Driver() }
 
@@ -112,19 +102,12 @@ type dialSlotKey struct{}
 // Connect implements driver.Connector: it dials, runs lib/pq's start-up
 // handshake and applies the settings, all bounded by ctx (or by the
 // connector's timeout when ctx has no deadline, as for database/sql's
-// background openers) and by the pool's base context.
+// background openers).
 func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, c.timeout)
 		defer cancel()
-	}
-	if c.base != nil {
-		var cancel context.CancelCauseFunc
-		ctx, cancel = context.WithCancelCause(ctx)
-		defer cancel(nil)
-		stop := context.AfterFunc(c.base, func() { cancel(context.Cause(c.base)) })
-		defer stop()
 	}
 	slot := &dialSlot{ctx: ctx}
 	defer func() {
@@ -141,7 +124,7 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 		raw.Close()
 		return nil, errors.New("bmdb: the wrapped connector's connections are not lib/pq's")
 	}
-	cn := &conn{pq: pc, nc: slot.conn, cache: newStmtCache(c.settings.StmtCacheSize)}
+	cn := &conn{pq: pc, nc: slot.conn, cache: newStmtCache(c.settings.StmtCacheSize), own: newStmtCache(ownStatements)}
 	if cn.nc == nil { // not dialed by our dialer: cannot happen
 		pc.Close()
 		return nil, errors.New("bmdb: connection was not dialed by bmdb's dialer")
@@ -149,9 +132,6 @@ func (c *Connector) Connect(ctx context.Context) (driver.Conn, error) {
 	if err := c.apply(ctx, pc); err != nil {
 		cn.Close()
 		return nil, ContextError(ctx, cut(cn.nc, err))
-	}
-	if c.base != nil {
-		cn.unbase = cn.nc.watch(c.base)
 	}
 	return cn, nil
 }
@@ -351,10 +331,10 @@ type PQConn interface {
 // conn wraps lib/pq's connection: each call is bounded by its context
 // through nc.
 type conn struct {
-	pq     PQConn
-	nc     *netConn
-	unbase func() bool // stops the pool's base watch; nil if none
-	cache  *stmtCache  // nil: statements with parameters are not kept prepared
+	pq    PQConn
+	nc    *netConn
+	cache *stmtCache // nil: statements with parameters are not kept prepared
+	own   *stmtCache // bmdb's own statements (Own), prepared from their first use
 
 	// inTx is set between BeginTx and the end of the transaction (calls on
 	// one connection are serialised by database/sql).
@@ -398,9 +378,6 @@ func (c *conn) PrepareContext(ctx context.Context, query string) (driver.Stmt, e
 // Close implements driver.Conn. A connection that is not cut gets a
 // second to say goodbye; a cut one closes at once.
 func (c *conn) Close() error {
-	if c.unbase != nil {
-		c.unbase()
-	}
 	_ = c.nc.SetDeadline(time.Now().Add(time.Second))
 	return c.pq.Close()
 }
@@ -425,8 +402,11 @@ func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, e
 
 // ExecContext implements driver.ExecerContext.
 func (c *conn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if len(args) > 0 && isOwn(ctx) {
+		return c.execCached(c.own, ctx, query, args)
+	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
-		return c.execCached(ctx, query, args)
+		return c.execCached(c.cache, ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)
 	defer stop()
@@ -437,8 +417,11 @@ func (c *conn) ExecContext(ctx context.Context, query string, args []driver.Name
 // QueryContext implements driver.QueryerContext. ctx bounds the call and
 // the reading of its rows.
 func (c *conn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if len(args) > 0 && isOwn(ctx) {
+		return c.queryCached(c.own, ctx, query, args)
+	}
 	if c.cache != nil && len(args) > 0 && c.cache.worthPreparing(query) {
-		return c.queryCached(ctx, query, args)
+		return c.queryCached(c.cache, ctx, query, args)
 	}
 	stop := c.nc.watch(ctx)
 	r, err := c.pq.QueryContext(never, query, args)
@@ -462,12 +445,14 @@ func (c *conn) ResetSession(ctx context.Context) error {
 	if c.nc.cutCause() != nil {
 		return driver.ErrBadConn
 	}
-	if c.cache != nil && len(c.cache.retired) > 0 {
-		stop := c.nc.watch(ctx)
-		err := c.cache.closeRetired()
-		stop()
-		if err != nil {
-			return driver.ErrBadConn
+	for _, cache := range []*stmtCache{c.own, c.cache} {
+		if cache != nil && len(cache.retired) > 0 {
+			stop := c.nc.watch(ctx)
+			err := cache.closeRetired()
+			stop()
+			if err != nil {
+				return driver.ErrBadConn
+			}
 		}
 	}
 	return c.pq.ResetSession(ctx)

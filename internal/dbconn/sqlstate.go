@@ -62,10 +62,14 @@ func IsRetryable(err error) bool {
 const versionSQL = "SELECT version()"
 
 // IsCockroach tells CockroachDB from PostgreSQL by SELECT version(). Its
-// errors do not contain dsn's password.
+// errors name the server by dsn, without its password; "" (a pool whose
+// DSN the caller does not know) names none.
 func IsCockroach(ctx context.Context, db *sql.DB, dsn string) (bool, error) {
 	var version string
 	if err := db.QueryRowContext(ctx, versionSQL).Scan(&version); err != nil {
+		if dsn == "" {
+			return false, fmt.Errorf("bmdb: detecting database engine: %w", ContextError(ctx, err))
+		}
 		return false, fmt.Errorf("bmdb: detecting database engine at %s: %w", RedactDSN(dsn), RedactError(ContextError(ctx, err), dsn))
 	}
 	return strings.Contains(version, "CockroachDB"), nil

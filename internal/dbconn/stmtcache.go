@@ -183,9 +183,9 @@ func keepsStatement(err error) bool {
 }
 
 // cachedStatement returns the prepared statement of query on c, preparing
-// it (bounded by ctx) if the cache does not hold it.
-func (c *conn) cachedStatement(ctx context.Context, query string) (driver.Stmt, error) {
-	if st := c.cache.get(query); st != nil {
+// it (bounded by ctx) if cache does not hold it.
+func (c *conn) cachedStatement(cache *stmtCache, ctx context.Context, query string) (driver.Stmt, error) {
+	if st := cache.get(query); st != nil {
 		return st, nil
 	}
 	stop := c.nc.watch(ctx)
@@ -194,52 +194,56 @@ func (c *conn) cachedStatement(ctx context.Context, query string) (driver.Stmt, 
 	if err != nil {
 		return nil, c.err(err)
 	}
-	c.cache.put(query, st)
+	cache.put(query, st)
 	return st, nil
 }
 
-// staleError handles the failure of query's cached statement: if err says
-// the statement went stale, it drops it (every statement, if it was
-// deallocated) and returns err marked with ErrStaleStatement; otherwise it
-// drops it unless keepsStatement, and returns err as it is.
-func (c *conn) staleError(query string, err error) error {
+// staleError handles the failure of query's statement cached in cache: if
+// err says the statement went stale, it drops it (every statement of both
+// caches, if it was deallocated) and returns err marked with
+// ErrStaleStatement; otherwise it drops it unless keepsStatement, and
+// returns err as it is.
+func (c *conn) staleError(cache *stmtCache, query string, err error) error {
 	switch {
 	case err == nil:
 		return nil
 	case isStale(err):
 		if SQLState(err) == codeInvalidStatementName {
-			c.cache.dropAll()
+			c.own.dropAll()
+			if c.cache != nil {
+				c.cache.dropAll()
+			}
 		} else {
-			c.cache.drop(query)
+			cache.drop(query)
 		}
 		return fmt.Errorf("%w: %w", ErrStaleStatement, err)
 	case !keepsStatement(err):
-		c.cache.drop(query)
+		cache.drop(query)
 	}
 	return err
 }
 
-// runCached runs query through its cached prepared statement with run.
+// runCached runs query through its prepared statement in cache with run.
 // Outside a transaction a stale statement is prepared again and run once
 // more.
-func runCached[T any](c *conn, ctx context.Context, query string, run func(st driver.Stmt) (T, error)) (T, error) {
+func runCached[T any](c *conn, cache *stmtCache, ctx context.Context, query string, run func(st driver.Stmt) (T, error)) (T, error) {
 	for again := !c.inTx; ; again = false {
-		st, err := c.cachedStatement(ctx, query)
+		st, err := c.cachedStatement(cache, ctx, query)
 		if err != nil {
 			var none T
 			return none, err
 		}
 		res, err := run(st)
-		if err = c.staleError(query, c.err(err)); err == nil || !again || !errors.Is(err, ErrStaleStatement) {
+		if err = c.staleError(cache, query, c.err(err)); err == nil || !again || !errors.Is(err, ErrStaleStatement) {
 			return res, err
 		}
 	}
 }
 
-// execCached runs query with args through its cached prepared statement,
-// bounded by ctx.
-func (c *conn) execCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
-	return runCached(c, ctx, query, func(st driver.Stmt) (driver.Result, error) {
+// execCached runs query with args through its prepared statement in
+// cache, bounded by ctx.
+func (c *conn) execCached(cache *stmtCache, ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	return runCached(c, cache, ctx, query, func(st driver.Stmt) (driver.Result, error) {
 		stop := c.nc.watch(ctx)
 		defer stop()
 		return st.(driver.StmtExecContext).ExecContext(never, args)
@@ -248,8 +252,8 @@ func (c *conn) execCached(ctx context.Context, query string, args []driver.Named
 
 // queryCached is execCached for a query returning rows; ctx bounds the
 // reading of the rows too.
-func (c *conn) queryCached(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
-	return runCached(c, ctx, query, func(st driver.Stmt) (driver.Rows, error) {
+func (c *conn) queryCached(cache *stmtCache, ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	return runCached(c, cache, ctx, query, func(st driver.Stmt) (driver.Rows, error) {
 		stop := c.nc.watch(ctx)
 		r, err := st.(driver.StmtQueryContext).QueryContext(never, args)
 		if err != nil {

@@ -27,6 +27,17 @@ func Describe() string {
 	return fmt.Sprintf("%s on %s, pid %d; %s", filepath.Base(os.Args[0]), host, os.Getpid(), build())
 }
 
+// DescribeRun returns Describe and who ran the program, as the USER
+// environment variable names them: "..., run by alice". Without USER (a
+// service, a container, cron) there is no one to name, and it returns
+// Describe alone. For tools an operator runs, such as bmdbctl.
+func DescribeRun() string {
+	if user := os.Getenv("USER"); user != "" {
+		return Describe() + ", run by " + user
+	}
+	return Describe()
+}
+
 // build describes the binary's build, from its build info.
 func build() string {
 	info, ok := debug.ReadBuildInfo()

@@ -20,7 +20,7 @@ RETURNING machine_id
 // MachineCreateMany inserts count new machines and returns their ids
 // (Tx.CreateMachines).
 func (q *Queries) MachineCreateMany(ctx context.Context, count int64) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.machineCreateManyStmt, machineCreateMany, count)
+	rows, err := q.db.QueryContext(ctx, machineCreateMany, count)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,49 @@ import (
 	"database/sql"
 )
 
+const processControlDelete = `-- name: ProcessControlDelete :one
+WITH deleted AS (
+    DELETE FROM process_controls WHERE process = $1::TEXT
+    RETURNING process, paused, claim_cap
+), recorded AS (
+    INSERT INTO process_control_history (process, action, claim_cap, at, actor, runtime_info, reason)
+    SELECT deleted.process, 'delete', deleted.claim_cap, statement_timestamp(),
+           $2::TEXT, $3::TEXT, $4::TEXT
+    FROM deleted
+    RETURNING id
+)
+SELECT deleted.paused, deleted.claim_cap FROM deleted
+`
+
+type ProcessControlDeleteParams struct {
+	Process     string
+	Actor       string
+	RuntimeInfo string
+	Reason      string
+}
+
+type ProcessControlDeleteRow struct {
+	Paused   bool
+	ClaimCap sql.NullInt64
+}
+
+// ProcessControlDelete deletes the controls row of process, once the
+// claims of the process in flight have ended (they hold it FOR SHARE),
+// and records the deletion (action delete, with the cap it had) in
+// process_control_history; it returns whether the row was paused and its
+// cap, and no row if the process had no controls.
+func (q *Queries) ProcessControlDelete(ctx context.Context, arg ProcessControlDeleteParams) (ProcessControlDeleteRow, error) {
+	row := q.db.QueryRowContext(ctx, processControlDelete,
+		arg.Process,
+		arg.Actor,
+		arg.RuntimeInfo,
+		arg.Reason,
+	)
+	var i ProcessControlDeleteRow
+	err := row.Scan(&i.Paused, &i.ClaimCap)
+	return i, err
+}
+
 const processControlEnsure = `-- name: ProcessControlEnsure :exec
 INSERT INTO process_controls (process) VALUES ($1)
 ON CONFLICT (process) DO NOTHING
@@ -20,7 +63,7 @@ ON CONFLICT (process) DO NOTHING
 // (WorkClaimMany) and claims nothing without it; it runs on its own,
 // outside any claim transaction, before the process's first claim.
 func (q *Queries) ProcessControlEnsure(ctx context.Context, process string) error {
-	_, err := q.exec(ctx, q.processControlEnsureStmt, processControlEnsure, process)
+	_, err := q.db.ExecContext(ctx, processControlEnsure, process)
 	return err
 }
 
@@ -41,7 +84,7 @@ type ProcessControlLockRow struct {
 // FOR SHARE), and claims that read the row before the change commits fail
 // or are serialized before it (see WorkClaimMany).
 func (q *Queries) ProcessControlLock(ctx context.Context, process string) (ProcessControlLockRow, error) {
-	row := q.queryRow(ctx, q.processControlLockStmt, processControlLock, process)
+	row := q.db.QueryRowContext(ctx, processControlLock, process)
 	var i ProcessControlLockRow
 	err := row.Scan(&i.Paused, &i.ClaimCap)
 	return i, err
@@ -76,7 +119,7 @@ type ProcessControlSetParams struct {
 // the change (action: pause, resume, cap or uncap) in
 // process_control_history.
 func (q *Queries) ProcessControlSet(ctx context.Context, arg ProcessControlSetParams) error {
-	_, err := q.exec(ctx, q.processControlSetStmt, processControlSet,
+	_, err := q.db.ExecContext(ctx, processControlSet,
 		arg.Action,
 		arg.ClaimCap,
 		arg.Actor,
@@ -86,6 +129,21 @@ func (q *Queries) ProcessControlSet(ctx context.Context, arg ProcessControlSetPa
 		arg.Process,
 	)
 	return err
+}
+
+const processSlotsDelete = `-- name: ProcessSlotsDelete :execrows
+DELETE FROM process_slots WHERE process = $1::TEXT
+`
+
+// ProcessSlotsDelete deletes the claim slots of process (made by
+// ProcessSlotsEnsure for its caps); the claims that hold one keep its
+// number in work.slot until they end.
+func (q *Queries) ProcessSlotsDelete(ctx context.Context, process string) (int64, error) {
+	result, err := q.db.ExecContext(ctx, processSlotsDelete, process)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
 }
 
 const processSlotsEnsure = `-- name: ProcessSlotsEnsure :exec
@@ -102,7 +160,7 @@ type ProcessSlotsEnsureParams struct {
 // ProcessSlotsEnsure creates the slots 0..claim_cap-1 of process that do
 // not exist (slots at or above a lowered cap stay, unused).
 func (q *Queries) ProcessSlotsEnsure(ctx context.Context, arg ProcessSlotsEnsureParams) error {
-	_, err := q.exec(ctx, q.processSlotsEnsureStmt, processSlotsEnsure, arg.Process, arg.ClaimCap)
+	_, err := q.db.ExecContext(ctx, processSlotsEnsure, arg.Process, arg.ClaimCap)
 	return err
 }
 
@@ -121,7 +179,7 @@ WHERE work.process = $1::TEXT AND work.machine_id = x.machine_id
 // ProcessControlLock, which waited for the claims in flight, at READ
 // COMMITTED on PostgreSQL so that it sees them.
 func (q *Queries) WorkSlotsAssign(ctx context.Context, process string) (int64, error) {
-	result, err := q.exec(ctx, q.workSlotsAssignStmt, workSlotsAssign, process)
+	result, err := q.db.ExecContext(ctx, workSlotsAssign, process)
 	if err != nil {
 		return 0, err
 	}

@@ -30,7 +30,7 @@ type AppSchemaCompatOldestRow struct {
 // AppSchemaCompatOldest is SchemaCompatOldest for an application's own
 // migrations (migrations.Application), declared in bmdb_app_schema_compat.
 func (q *Queries) AppSchemaCompatOldest(ctx context.Context, arg AppSchemaCompatOldestParams) (AppSchemaCompatOldestRow, error) {
-	row := q.queryRow(ctx, q.appSchemaCompatOldestStmt, appSchemaCompatOldest, arg.Application, arg.KnownVersion, arg.DatabaseVersion)
+	row := q.db.QueryRowContext(ctx, appSchemaCompatOldest, arg.Application, arg.KnownVersion, arg.DatabaseVersion)
 	var i AppSchemaCompatOldestRow
 	err := row.Scan(&i.OldestCompatible, &i.Declared)
 	return i, err
@@ -57,7 +57,7 @@ type SchemaCompatOldestRow struct {
 // migrations declared it (fewer than the versions between means some did
 // not: treat them as breaking).
 func (q *Queries) SchemaCompatOldest(ctx context.Context, arg SchemaCompatOldestParams) (SchemaCompatOldestRow, error) {
-	row := q.queryRow(ctx, q.schemaCompatOldestStmt, schemaCompatOldest, arg.KnownVersion, arg.DatabaseVersion)
+	row := q.db.QueryRowContext(ctx, schemaCompatOldest, arg.KnownVersion, arg.DatabaseVersion)
 	var i SchemaCompatOldestRow
 	err := row.Scan(&i.OldestCompatible, &i.Declared)
 	return i, err

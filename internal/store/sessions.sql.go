@@ -34,7 +34,7 @@ FOR KEY SHARE
 // its retry finds no session. Either way no transaction of a superseded
 // session commits after the takeover.
 func (q *Queries) SessionCheck(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.sessionCheckStmt, sessionCheck, sessionID)
+	row := q.db.QueryRowContext(ctx, sessionCheck, sessionID)
 	var session_id uuid.UUID
 	err := row.Scan(&session_id)
 	return session_id, err
@@ -73,7 +73,7 @@ type SessionCheckBeforeCommitRow struct {
 // (SessionInterval) ends a stalled transaction at most one interval after
 // this check (docs/cockroachdb.md, "How fencing works here").
 func (q *Queries) SessionCheckBeforeCommit(ctx context.Context, arg SessionCheckBeforeCommitParams) (SessionCheckBeforeCommitRow, error) {
-	row := q.queryRow(ctx, q.sessionCheckBeforeCommitStmt, sessionCheckBeforeCommit, arg.MaxIdleMs, arg.SessionID)
+	row := q.db.QueryRowContext(ctx, sessionCheckBeforeCommit, arg.MaxIdleMs, arg.SessionID)
 	var i SessionCheckBeforeCommitRow
 	err := row.Scan(&i.Deadline, &i.IdleTimeout)
 	return i, err
@@ -86,7 +86,7 @@ DELETE FROM sessions WHERE session_id = $1
 // SessionDelete removes a session row; its work rows go with it (cascade).
 // Callers record their history first.
 func (q *Queries) SessionDelete(ctx context.Context, sessionID uuid.UUID) (int64, error) {
-	result, err := q.exec(ctx, q.sessionDeleteStmt, sessionDelete, sessionID)
+	result, err := q.db.ExecContext(ctx, sessionDelete, sessionID)
 	if err != nil {
 		return 0, err
 	}
@@ -101,7 +101,7 @@ DELETE FROM sessions WHERE session_id = ANY ($1::UUID[])
 // SessionLockExpired or SessionLockIfExpired); callers first end their
 // claims with WorkAbandonOfSessions.
 func (q *Queries) SessionDeleteMany(ctx context.Context, sessionIds []uuid.UUID) (int64, error) {
-	result, err := q.exec(ctx, q.sessionDeleteManyStmt, sessionDeleteMany, pq.Array(sessionIds))
+	result, err := q.db.ExecContext(ctx, sessionDeleteMany, pq.Array(sessionIds))
 	if err != nil {
 		return 0, err
 	}
@@ -115,10 +115,35 @@ SELECT (statement_timestamp() - $1::FLOAT8 * INTERVAL '1 second')::TIMESTAMPTZ A
 // SessionExpiryBound returns GC's expiry bound on the database clock: a
 // session whose deadline is before it expired more than grace_seconds ago.
 func (q *Queries) SessionExpiryBound(ctx context.Context, graceSeconds float64) (time.Time, error) {
-	row := q.queryRow(ctx, q.sessionExpiryBoundStmt, sessionExpiryBound, graceSeconds)
+	row := q.db.QueryRowContext(ctx, sessionExpiryBound, graceSeconds)
 	var bound time.Time
 	err := row.Scan(&bound)
 	return bound, err
+}
+
+const sessionHeartbeat = `-- name: SessionHeartbeat :execrows
+UPDATE sessions
+SET deadline = statement_timestamp() + interval_seconds * INTERVAL '1 second'
+WHERE session_id = $1 AND deadline > statement_timestamp()
+`
+
+// SessionHeartbeat extends a live session's deadline by its interval. It affects
+// no row when the session has expired or is gone: an expired session is never
+// resurrected. It compares with statement_timestamp(), not now(): on
+// CockroachDB now() keeps its value across a transaction's retries, and a
+// retried poke must not extend a session that expired meanwhile. It updates
+// no key column, so on PostgreSQL it does not conflict with the FOR KEY
+// SHARE lock of SessionCheck. On CockroachDB that clause takes no lock
+// (see SessionCheck); the poke's write lands above the reads of the
+// session's open transactions, which fail their refresh only if pushed
+// above it (txlimit.go), and a check that meets the poke's uncommitted
+// write waits for it, one round trip (docs/cockroachdb.md).
+func (q *Queries) SessionHeartbeat(ctx context.Context, sessionID uuid.UUID) (int64, error) {
+	result, err := q.db.ExecContext(ctx, sessionHeartbeat, sessionID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected()
 }
 
 const sessionListExpired = `-- name: SessionListExpired :many
@@ -142,7 +167,7 @@ type SessionListExpiredParams struct {
 // CockroachDB in a read-only transaction at follower_read_timestamp()
 // (gc.go), so that it neither waits for nor holds up a heartbeat.
 func (q *Queries) SessionListExpired(ctx context.Context, arg SessionListExpiredParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.sessionListExpiredStmt, sessionListExpired, arg.Before, arg.RowLimit)
+	rows, err := q.db.QueryContext(ctx, sessionListExpired, arg.Before, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
@@ -193,7 +218,7 @@ type SessionLockExpiredParams struct {
 // rows before their claims, in the same order as every session
 // transaction.
 func (q *Queries) SessionLockExpired(ctx context.Context, arg SessionLockExpiredParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.sessionLockExpiredStmt, sessionLockExpired, pq.Array(arg.SessionIds), arg.Before)
+	rows, err := q.db.QueryContext(ctx, sessionLockExpired, pq.Array(arg.SessionIds), arg.Before)
 	if err != nil {
 		return nil, err
 	}
@@ -231,35 +256,10 @@ FOR NO KEY UPDATE SKIP LOCKED
 // for: a check of the expired session waits for the takeover to end, and
 // then finds no session (see Mechanism in bmdb's package doc).
 func (q *Queries) SessionLockIfExpired(ctx context.Context, sessionID uuid.UUID) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.sessionLockIfExpiredStmt, sessionLockIfExpired, sessionID)
+	row := q.db.QueryRowContext(ctx, sessionLockIfExpired, sessionID)
 	var session_id uuid.UUID
 	err := row.Scan(&session_id)
 	return session_id, err
-}
-
-const sessionPoke = `-- name: SessionPoke :execrows
-UPDATE sessions
-SET deadline = statement_timestamp() + interval_seconds * INTERVAL '1 second'
-WHERE session_id = $1 AND deadline > statement_timestamp()
-`
-
-// SessionPoke extends a live session's deadline by its interval. It affects
-// no row when the session has expired or is gone: an expired session is never
-// resurrected. It compares with statement_timestamp(), not now(): on
-// CockroachDB now() keeps its value across a transaction's retries, and a
-// retried poke must not extend a session that expired meanwhile. It updates
-// no key column, so on PostgreSQL it does not conflict with the FOR KEY
-// SHARE lock of SessionCheck. On CockroachDB that clause takes no lock
-// (see SessionCheck); the poke's write lands above the reads of the
-// session's open transactions, which fail their refresh only if pushed
-// above it (txlimit.go), and a check that meets the poke's uncommitted
-// write waits for it, one round trip (docs/cockroachdb.md).
-func (q *Queries) SessionPoke(ctx context.Context, sessionID uuid.UUID) (int64, error) {
-	result, err := q.exec(ctx, q.sessionPokeStmt, sessionPoke, sessionID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected()
 }
 
 const sessionStart = `-- name: SessionStart :one
@@ -282,7 +282,7 @@ type SessionStartParams struct {
 // SessionStart inserts a new session whose deadline is one interval from now
 // on the database clock, and returns its id.
 func (q *Queries) SessionStart(ctx context.Context, arg SessionStartParams) (uuid.UUID, error) {
-	row := q.queryRow(ctx, q.sessionStartStmt, sessionStart, arg.ComponentName, arg.RuntimeInfo, arg.IntervalSeconds)
+	row := q.db.QueryRowContext(ctx, sessionStart, arg.ComponentName, arg.RuntimeInfo, arg.IntervalSeconds)
 	var session_id uuid.UUID
 	err := row.Scan(&session_id)
 	return session_id, err

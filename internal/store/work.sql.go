@@ -39,7 +39,7 @@ RETURNING work_history.process
 // expired by their statements' clock, so an Abandoned row is never dated
 // before its session's deadline.
 func (q *Queries) WorkAbandonOfSessions(ctx context.Context, sessionIds []uuid.UUID) ([]string, error) {
-	rows, err := q.query(ctx, q.workAbandonOfSessionsStmt, workAbandonOfSessions, pq.Array(sessionIds))
+	rows, err := q.db.QueryContext(ctx, workAbandonOfSessions, pq.Array(sessionIds))
 	if err != nil {
 		return nil, err
 	}
@@ -108,9 +108,9 @@ WITH live AS (
       AND s.deadline <= statement_timestamp()
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($7::UUID[])
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($1::UUID[])
       AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
-      AND NOT ($8::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
+      AND NOT ($7::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -118,13 +118,13 @@ WITH live AS (
           SELECT 1 FROM work_backoff b
           WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
       )
-    ORDER BY array_position($7::UUID[], f.machine_id)
+    ORDER BY array_position($1::UUID[], f.machine_id)
     LIMIT $6::INT8
     FOR UPDATE SKIP LOCKED
 ), picks AS (
     SELECT l.machine_id, sl.slot
     FROM (SELECT locked.machine_id,
-                 row_number() OVER (ORDER BY array_position($7::UUID[], locked.machine_id)) AS n
+                 row_number() OVER (ORDER BY array_position($1::UUID[], locked.machine_id)) AS n
           FROM locked) AS l
     LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.slot) AS n FROM slots) AS sl ON sl.n = l.n
     WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
@@ -141,7 +141,7 @@ WITH live AS (
 ), started AS (
     INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token, seq)
     SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-           $9::TEXT, claim.claim_id, fence.token, fence.version
+           $8::TEXT, claim.claim_id, fence.token, fence.version
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
@@ -161,13 +161,12 @@ FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
 type WorkClaimManyParams struct {
-	Candidates    []uuid.UUID
+	Offer         []uuid.UUID
 	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
 	Sweep         bool
 	MaxClaims     int64
-	Offer         []uuid.UUID
 	PreferExpired bool
 	ComponentName string
 }
@@ -226,15 +225,16 @@ type WorkClaimManyRow struct {
 // The machine's own row is not touched: retrievals and foreign keys read
 // it, and on CockroachDB an exclusive lock blocks plain reads.
 //
-// It reads (without locking) every one of candidates, all the machines the
-// claiming requests retrieved (offer is among them), and returns:
-// unfenced, those without a claim row (WorkFencingEnsure makes them, once
-// per pair, outside any claim transaction); expired_machines, those whose
-// claim is held by a session past its deadline (with sweep, every claim of
-// the process held so, through work_process_idx: a caller sweeps now and
-// then, so that a dead worker's claims end whatever its retrievals
-// return), and expired_sessions, those sessions (with, for a capped
-// process with no free slot, the expired sessions that hold its slots). If
+// It returns, of the machines it was offered: unfenced, those without a
+// claim row (WorkFencingEnsure makes them, once per pair, outside any
+// claim transaction); expired_machines, those whose claim is held by a
+// session past its deadline (with sweep, every claim of the process held
+// so, through work_process_idx: a caller sweeps now and then, so that a
+// dead worker's claims end whatever its retrievals return), and
+// expired_sessions, those sessions (with, for a capped process with no
+// free slot, the expired sessions that hold its slots). It reads no more
+// than it was offered: on CockroachDB every row a transaction read and
+// another wrote before it committed may fail its read refresh. If
 // prefer_expired and there is such a claim, it claims nothing: the caller
 // takes those sessions over (Abandoned history for their claims, the
 // session deleted) and claims again, the freed candidates first, so that
@@ -262,14 +262,13 @@ type WorkClaimManyRow struct {
 // claimed nothing. Being the check, it comes right after the retrievals,
 // whose snapshot is then as fresh as can be when the candidates are locked.
 func (q *Queries) WorkClaimMany(ctx context.Context, arg WorkClaimManyParams) ([]WorkClaimManyRow, error) {
-	rows, err := q.query(ctx, q.workClaimManyStmt, workClaimMany,
-		pq.Array(arg.Candidates),
+	rows, err := q.db.QueryContext(ctx, workClaimMany,
+		pq.Array(arg.Offer),
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
 		arg.Sweep,
 		arg.MaxClaims,
-		pq.Array(arg.Offer),
 		arg.PreferExpired,
 		arg.ComponentName,
 	)
@@ -353,9 +352,9 @@ WITH live AS (
       AND s.deadline <= statement_timestamp()
 ), locked AS (
     SELECT f.machine_id FROM work_fencing f
-    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($8::UUID[])
+    WHERE f.process = $4::TEXT AND f.machine_id = ANY ($1::UUID[])
       AND EXISTS (SELECT 1 FROM open o WHERE o.claim_cap IS NULL OR EXISTS (SELECT 1 FROM slots))
-      AND NOT ($9::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
+      AND NOT ($8::BOOLEAN AND EXISTS (SELECT 1 FROM expired))
       AND (NOT f.claimed OR NOT EXISTS (
           SELECT 1 FROM work w WHERE w.machine_id = f.machine_id AND w.process = f.process
       ))
@@ -363,13 +362,13 @@ WITH live AS (
           SELECT 1 FROM work_backoff b
           WHERE b.machine_id = f.machine_id AND b.process = f.process AND b.until > now()
       )
-    ORDER BY array_position($8::UUID[], f.machine_id)
+    ORDER BY array_position($1::UUID[], f.machine_id)
     LIMIT $7::INT8
     FOR UPDATE SKIP LOCKED
 ), picks AS (
     SELECT l.machine_id, sl.slot
     FROM (SELECT locked.machine_id,
-                 row_number() OVER (ORDER BY array_position($8::UUID[], locked.machine_id)) AS n
+                 row_number() OVER (ORDER BY array_position($1::UUID[], locked.machine_id)) AS n
           FROM locked) AS l
     LEFT JOIN (SELECT slots.slot, row_number() OVER (ORDER BY slots.ord) AS n FROM slots) AS sl ON sl.n = l.n
     WHERE sl.slot IS NOT NULL OR EXISTS (SELECT 1 FROM open WHERE open.claim_cap IS NULL)
@@ -386,7 +385,7 @@ WITH live AS (
 ), started AS (
     INSERT INTO work_history (machine_id, process, session_id, event, at, component_name, claim_id, fencing_token, seq)
     SELECT claim.machine_id, claim.process, claim.session_id, 'Started', claim.started_at,
-           $10::TEXT, claim.claim_id, fence.token, fence.version
+           $9::TEXT, claim.claim_id, fence.token, fence.version
     FROM claim JOIN fence ON fence.machine_id = claim.machine_id
     RETURNING work_history.machine_id, work_history.claim_id, work_history.fencing_token
 )
@@ -406,14 +405,13 @@ FROM (SELECT 1) AS one LEFT JOIN started ON TRUE
 `
 
 type WorkClaimManyArbitratedParams struct {
-	Candidates    []uuid.UUID
+	Offer         []uuid.UUID
 	MaxIdleMs     int64
 	SessionID     uuid.UUID
 	Process       string
 	Sweep         bool
 	SlotStart     int64
 	MaxClaims     int64
-	Offer         []uuid.UUID
 	PreferExpired bool
 	ComponentName string
 }
@@ -445,15 +443,14 @@ type WorkClaimManyArbitratedRow struct {
 // or, if the first rolled back, claims. It locks nothing but the claim
 // rows of what it offers. Everything else is WorkClaimMany's.
 func (q *Queries) WorkClaimManyArbitrated(ctx context.Context, arg WorkClaimManyArbitratedParams) ([]WorkClaimManyArbitratedRow, error) {
-	rows, err := q.query(ctx, q.workClaimManyArbitratedStmt, workClaimManyArbitrated,
-		pq.Array(arg.Candidates),
+	rows, err := q.db.QueryContext(ctx, workClaimManyArbitrated,
+		pq.Array(arg.Offer),
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
 		arg.Sweep,
 		arg.SlotStart,
 		arg.MaxClaims,
-		pq.Array(arg.Offer),
 		arg.PreferExpired,
 		arg.ComponentName,
 	)
@@ -531,7 +528,7 @@ type WorkClaimStatesRow struct {
 // being made by a transaction not yet committed is not seen: such a
 // machine has no holder here.
 func (q *Queries) WorkClaimStates(ctx context.Context, arg WorkClaimStatesParams) ([]WorkClaimStatesRow, error) {
-	rows, err := q.query(ctx, q.workClaimStatesStmt, workClaimStates, arg.Process, pq.Array(arg.MachineIds))
+	rows, err := q.db.QueryContext(ctx, workClaimStates, arg.Process, pq.Array(arg.MachineIds))
 	if err != nil {
 		return nil, err
 	}
@@ -598,7 +595,7 @@ type WorkEndManyParams struct {
 // rows (see WorkClaimMany), and returns their claim ids: those missing
 // were no longer held (the fence of a batch's ends).
 func (q *Queries) WorkEndMany(ctx context.Context, arg WorkEndManyParams) ([]uuid.NullUUID, error) {
-	rows, err := q.query(ctx, q.workEndManyStmt, workEndMany,
+	rows, err := q.db.QueryContext(ctx, workEndMany,
 		arg.Event,
 		arg.ComponentName,
 		arg.Process,
@@ -656,7 +653,7 @@ type WorkEndSessionParams struct {
 // returns the process of each. The rows are dated by this statement's
 // clock, like the check that found the session expired (or alive).
 func (q *Queries) WorkEndSession(ctx context.Context, arg WorkEndSessionParams) ([]string, error) {
-	rows, err := q.query(ctx, q.workEndSessionStmt, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
+	rows, err := q.db.QueryContext(ctx, workEndSession, arg.Event, arg.ComponentName, arg.SessionID)
 	if err != nil {
 		return nil, err
 	}
@@ -707,7 +704,7 @@ type WorkFencingEnsureParams struct {
 // it never waits for a claim or end holding the row; it waits only for a
 // concurrent WorkFencingEnsure of the same pair, one statement.
 func (q *Queries) WorkFencingEnsure(ctx context.Context, arg WorkFencingEnsureParams) ([]uuid.UUID, error) {
-	rows, err := q.query(ctx, q.workFencingEnsureStmt, workFencingEnsure, arg.Process, pq.Array(arg.MachineIds))
+	rows, err := q.db.QueryContext(ctx, workFencingEnsure, arg.Process, pq.Array(arg.MachineIds))
 	if err != nil {
 		return nil, err
 	}
@@ -795,7 +792,7 @@ type WorkFinishManyRow struct {
 // claim id if it ended nothing. A batch runs it last, after the commit
 // callbacks, so that it is the check before COMMIT.
 func (q *Queries) WorkFinishMany(ctx context.Context, arg WorkFinishManyParams) ([]WorkFinishManyRow, error) {
-	rows, err := q.query(ctx, q.workFinishManyStmt, workFinishMany,
+	rows, err := q.db.QueryContext(ctx, workFinishMany,
 		arg.MaxIdleMs,
 		arg.SessionID,
 		arg.Process,
@@ -836,7 +833,7 @@ type WorkGetParams struct {
 
 // WorkGet returns the claim of (machine, process), live or not.
 func (q *Queries) WorkGet(ctx context.Context, arg WorkGetParams) (Work, error) {
-	row := q.queryRow(ctx, q.workGetStmt, workGet, arg.MachineID, arg.Process)
+	row := q.db.QueryRowContext(ctx, workGet, arg.MachineID, arg.Process)
 	var i Work
 	err := row.Scan(
 		&i.MachineID,

@@ -24,7 +24,7 @@ type WorkBackoffDeleteParams struct {
 
 // WorkBackoffDelete clears the backoff of (machine, process).
 func (q *Queries) WorkBackoffDelete(ctx context.Context, arg WorkBackoffDeleteParams) (int64, error) {
-	result, err := q.exec(ctx, q.workBackoffDeleteStmt, workBackoffDelete, arg.MachineID, arg.Process)
+	result, err := q.db.ExecContext(ctx, workBackoffDelete, arg.MachineID, arg.Process)
 	if err != nil {
 		return 0, err
 	}
@@ -50,7 +50,7 @@ type WorkBackoffIntervalsRow struct {
 // machine_ids that has one for process, whether or not its backoff has
 // expired.
 func (q *Queries) WorkBackoffIntervals(ctx context.Context, arg WorkBackoffIntervalsParams) ([]WorkBackoffIntervalsRow, error) {
-	rows, err := q.query(ctx, q.workBackoffIntervalsStmt, workBackoffIntervals, arg.Process, pq.Array(arg.MachineIds))
+	rows, err := q.db.QueryContext(ctx, workBackoffIntervals, arg.Process, pq.Array(arg.MachineIds))
 	if err != nil {
 		return nil, err
 	}
@@ -95,7 +95,7 @@ type WorkBackoffUpsertManyParams struct {
 // transaction), with its cause and the interval it grew to, arrays aligned
 // with machine_ids.
 func (q *Queries) WorkBackoffUpsertMany(ctx context.Context, arg WorkBackoffUpsertManyParams) error {
-	_, err := q.exec(ctx, q.workBackoffUpsertManyStmt, workBackoffUpsertMany,
+	_, err := q.db.ExecContext(ctx, workBackoffUpsertMany,
 		pq.Array(arg.MachineIds),
 		arg.Process,
 		pq.Array(arg.WaitSeconds),

@@ -34,7 +34,7 @@ type WorkHistoryInsertParams struct {
 // its last claim or end (seq: the pair's claim row's version, not
 // incremented; none if the pair was never claimed).
 func (q *Queries) WorkHistoryInsert(ctx context.Context, arg WorkHistoryInsertParams) error {
-	_, err := q.exec(ctx, q.workHistoryInsertStmt, workHistoryInsert,
+	_, err := q.db.ExecContext(ctx, workHistoryInsert,
 		arg.MachineID,
 		arg.Process,
 		arg.SessionID,
@@ -88,7 +88,7 @@ type WorkHistoryPruneRow struct {
 // CockroachDB a deleted entry of work_history_at_idx stays, and is stepped
 // over by every scan, for gc.ttlseconds.
 func (q *Queries) WorkHistoryPrune(ctx context.Context, arg WorkHistoryPruneParams) (WorkHistoryPruneRow, error) {
-	row := q.queryRow(ctx, q.workHistoryPruneStmt, workHistoryPrune, arg.FromAt, arg.OlderThanSeconds, arg.BatchSize)
+	row := q.db.QueryRowContext(ctx, workHistoryPrune, arg.FromAt, arg.OlderThanSeconds, arg.BatchSize)
 	var i WorkHistoryPruneRow
 	err := row.Scan(&i.Deleted, &i.LastAt)
 	return i, err
@@ -101,7 +101,7 @@ SELECT pruned_before FROM work_history_retention WHERE singleton
 // WorkHistoryPrunedBefore returns how far retention got: every history row
 // dated before it is gone (no row: retention never ran).
 func (q *Queries) WorkHistoryPrunedBefore(ctx context.Context) (time.Time, error) {
-	row := q.queryRow(ctx, q.workHistoryPrunedBeforeStmt, workHistoryPrunedBefore)
+	row := q.db.QueryRowContext(ctx, workHistoryPrunedBefore)
 	var pruned_before time.Time
 	err := row.Scan(&pruned_before)
 	return pruned_before, err

@@ -52,3 +52,27 @@ FROM (SELECT w.machine_id, row_number() OVER (ORDER BY w.started_at, w.machine_i
       FROM work w WHERE w.process = sqlc.arg(process)::TEXT AND w.slot IS NULL) AS x,
      (SELECT COALESCE(max(w.slot) + 1, 0) AS base FROM work w WHERE w.process = sqlc.arg(process)::TEXT) AS b
 WHERE work.process = sqlc.arg(process)::TEXT AND work.machine_id = x.machine_id;
+
+-- name: ProcessControlDelete :one
+-- ProcessControlDelete deletes the controls row of process, once the
+-- claims of the process in flight have ended (they hold it FOR SHARE),
+-- and records the deletion (action delete, with the cap it had) in
+-- process_control_history; it returns whether the row was paused and its
+-- cap, and no row if the process had no controls.
+WITH deleted AS (
+    DELETE FROM process_controls WHERE process = sqlc.arg(process)::TEXT
+    RETURNING process, paused, claim_cap
+), recorded AS (
+    INSERT INTO process_control_history (process, action, claim_cap, at, actor, runtime_info, reason)
+    SELECT deleted.process, 'delete', deleted.claim_cap, statement_timestamp(),
+           sqlc.arg(actor)::TEXT, sqlc.arg(runtime_info)::TEXT, sqlc.arg(reason)::TEXT
+    FROM deleted
+    RETURNING id
+)
+SELECT deleted.paused, deleted.claim_cap FROM deleted;
+
+-- name: ProcessSlotsDelete :execrows
+-- ProcessSlotsDelete deletes the claim slots of process (made by
+-- ProcessSlotsEnsure for its caps); the claims that hold one keep its
+-- number in work.slot until they end.
+DELETE FROM process_slots WHERE process = sqlc.arg(process)::TEXT;

@@ -10,8 +10,8 @@ VALUES (
 )
 RETURNING session_id;
 
--- name: SessionPoke :execrows
--- SessionPoke extends a live session's deadline by its interval. It affects
+-- name: SessionHeartbeat :execrows
+-- SessionHeartbeat extends a live session's deadline by its interval. It affects
 -- no row when the session has expired or is gone: an expired session is never
 -- resurrected. It compares with statement_timestamp(), not now(): on
 -- CockroachDB now() keeps its value across a transaction's retries, and a

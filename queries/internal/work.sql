@@ -135,15 +135,16 @@ RETURNING machine_id;
 -- The machine's own row is not touched: retrievals and foreign keys read
 -- it, and on CockroachDB an exclusive lock blocks plain reads.
 --
--- It reads (without locking) every one of candidates, all the machines the
--- claiming requests retrieved (offer is among them), and returns:
--- unfenced, those without a claim row (WorkFencingEnsure makes them, once
--- per pair, outside any claim transaction); expired_machines, those whose
--- claim is held by a session past its deadline (with sweep, every claim of
--- the process held so, through work_process_idx: a caller sweeps now and
--- then, so that a dead worker's claims end whatever its retrievals
--- return), and expired_sessions, those sessions (with, for a capped
--- process with no free slot, the expired sessions that hold its slots). If
+-- It returns, of the machines it was offered: unfenced, those without a
+-- claim row (WorkFencingEnsure makes them, once per pair, outside any
+-- claim transaction); expired_machines, those whose claim is held by a
+-- session past its deadline (with sweep, every claim of the process held
+-- so, through work_process_idx: a caller sweeps now and then, so that a
+-- dead worker's claims end whatever its retrievals return), and
+-- expired_sessions, those sessions (with, for a capped process with no
+-- free slot, the expired sessions that hold its slots). It reads no more
+-- than it was offered: on CockroachDB every row a transaction read and
+-- another wrote before it committed may fail its read refresh. If
 -- prefer_expired and there is such a claim, it claims nothing: the caller
 -- takes those sessions over (Abandoned history for their claims, the
 -- session deleted) and claims again, the freed candidates first, so that
@@ -187,7 +188,7 @@ WITH live AS (
     SELECT ctl.claim_cap FROM ctl WHERE NOT ctl.paused AND EXISTS (SELECT 1 FROM live)
 ), seen AS (
     SELECT f.machine_id, f.claimed FROM work_fencing f
-    WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(candidates)::UUID[])
+    WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(offer)::UUID[])
 ), expired AS (
     SELECT w.machine_id, w.session_id
     FROM seen JOIN work w ON w.machine_id = seen.machine_id AND w.process = sqlc.arg(process)::TEXT
@@ -258,7 +259,7 @@ SELECT EXISTS (SELECT 1 FROM live) AS alive,
        EXISTS (SELECT 1 FROM ctl WHERE ctl.paused) AS paused,
        (SELECT ctl.claim_cap FROM ctl) AS claim_cap,
        (SELECT count(*) FROM slots)::INT8 AS free_slots,
-       (SELECT array_agg(c.machine_id) FROM unnest(sqlc.arg(candidates)::UUID[]) AS c (machine_id)
+       (SELECT array_agg(c.machine_id) FROM unnest(sqlc.arg(offer)::UUID[]) AS c (machine_id)
         WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.machine_id = c.machine_id))::UUID[] AS unfenced,
        (SELECT array_agg(expired.machine_id) FROM expired)::UUID[] AS expired_machines,
        (SELECT array_agg(DISTINCT h.session_id) FROM (
@@ -297,7 +298,7 @@ WITH live AS (
     SELECT ctl.claim_cap FROM ctl WHERE NOT ctl.paused AND EXISTS (SELECT 1 FROM live)
 ), seen AS (
     SELECT f.machine_id, f.claimed FROM work_fencing f
-    WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(candidates)::UUID[])
+    WHERE f.process = sqlc.arg(process)::TEXT AND f.machine_id = ANY (sqlc.arg(offer)::UUID[])
 ), expired AS (
     SELECT w.machine_id, w.session_id
     FROM seen JOIN work w ON w.machine_id = seen.machine_id AND w.process = sqlc.arg(process)::TEXT
@@ -368,7 +369,7 @@ SELECT EXISTS (SELECT 1 FROM live) AS alive,
        EXISTS (SELECT 1 FROM ctl WHERE ctl.paused) AS paused,
        (SELECT ctl.claim_cap FROM ctl) AS claim_cap,
        (SELECT count(*) FROM slots)::INT8 AS free_slots,
-       (SELECT array_agg(c.machine_id) FROM unnest(sqlc.arg(candidates)::UUID[]) AS c (machine_id)
+       (SELECT array_agg(c.machine_id) FROM unnest(sqlc.arg(offer)::UUID[]) AS c (machine_id)
         WHERE NOT EXISTS (SELECT 1 FROM seen WHERE seen.machine_id = c.machine_id))::UUID[] AS unfenced,
        (SELECT array_agg(expired.machine_id) FROM expired)::UUID[] AS expired_machines,
        (SELECT array_agg(DISTINCT h.session_id) FROM (

@@ -7,15 +7,17 @@
 //
 // With it, a Connection opened on PostgreSQL behaves as on CockroachDB:
 // transactions retry through crdb.ExecuteInTx (savepoint restarts, each
-// with a new snapshot), Open migrates with golang-migrate's cockroachdb
-// driver, sessions keep the clock margin, and the errors CockroachDB
+// with a new snapshot), Open migrates one statement at a time, sessions
+// keep the clock margin, and the errors CockroachDB
 // produces are injected: 40001 on statements of a transaction and at
 // RELEASE SAVEPOINT, an ambiguous commit point (40003 or a lost
 // connection, committed or not), a failed read refresh of a transaction
 // older than the closed timestamp, session checks that wait for a writer
 // of their row, plain reads that wait for exclusive locks, a
-// transaction's own idle timeout that changes nothing, and migration files
-// applied one statement at a time.
+// transaction's own idle timeout that changes nothing, and migration
+// scripts run as the emulated version runs them (one transaction that
+// refuses what CockroachDB refuses in one, or one commit per statement
+// with autocommit_before_ddl on: ddl.go).
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
@@ -35,8 +37,10 @@ import (
 
 // EnvVar turns the mode on for a test binary: "1" for the defaults, or a
 // comma-separated list of key=value among retry=RATE, ambiguous=RATE,
-// closedts=DURATION, seed=N, version=MAJOR.MINOR and clockoffset=DURATION
-// (rates in [0, 1]; versions as ParseVersion takes them).
+// closedts=DURATION, seed=N, version=MAJOR.MINOR, clockoffset=DURATION
+// and autocommit=on|off (rates in [0, 1]; versions as ParseVersion takes
+// them; autocommit is the role's autocommit_before_ddl,
+// Settings.AutocommitBeforeDDL).
 const EnvVar = "BMDB_TEST_COCKROACH"
 
 // Defaults of the injection rates, per statement inside a transaction
@@ -68,9 +72,11 @@ type Settings struct {
 	// between its start and then. 0: ClosedTimestampDefault; negative:
 	// never.
 	ClosedTimestamp time.Duration
-	// MigrationFailAfter, if positive, fails the next multi-statement
-	// migration file after that many of its statements ran (each committed
-	// on its own), once.
+	// MigrationFailAfter, if positive, fails the next migration after
+	// that many of its statements ran, once (ddl.go): a script of several
+	// statements (whose transaction, if it runs as one, commits nothing),
+	// or the statements a connection runs one by one between its version
+	// table's dirty and clean marks (which stay applied).
 	MigrationFailAfter int
 	// Version is the CockroachDB release emulated (zero: VersionDefault).
 	Version Version
@@ -79,6 +85,12 @@ type Settings struct {
 	// node's clock may be off from another's by up to the cluster's
 	// maximum offset (locking.go).
 	ClockOffset time.Duration
+	// AutocommitBeforeDDL, if not nil, is the emulated role's
+	// autocommit_before_ddl (ALTER ROLE ... SET), which decides how a
+	// script of several statements runs (ddl.go); only for versions that
+	// have the setting (24.1 and later). nil: the version's default, on
+	// from 25.1.
+	AutocommitBeforeDDL *bool
 }
 
 // ClosedTimestampTarget returns s.ClosedTimestamp with its default
@@ -120,15 +132,30 @@ func FromEnv() (Settings, error) {
 				s.Version, err = ParseVersion(value)
 			case "clockoffset":
 				s.ClockOffset, err = time.ParseDuration(value)
+			case "autocommit":
+				s.AutocommitBeforeDDL, err = onOff(value)
 			default:
-				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed, version or clockoffset)", key)
+				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed, version, clockoffset or autocommit)", key)
 			}
 			if err != nil {
 				return Settings{}, fmt.Errorf("%s: %w", EnvVar, err)
 			}
 		}
 	}
+	if s.AutocommitBeforeDDL != nil && !s.Version.HasAutocommitBeforeDDL() {
+		return Settings{}, fmt.Errorf("%s: autocommit: version %v has no autocommit_before_ddl (24.1 and later have)", EnvVar, s.Version)
+	}
 	return s, nil
+}
+
+func onOff(v string) (*bool, error) {
+	switch v {
+	case "on":
+		return new(true), nil
+	case "off":
+		return new(false), nil
+	}
+	return nil, fmt.Errorf("autocommit %q is not on or off", v)
 }
 
 func rate(v string) (float64, error) {

@@ -50,10 +50,12 @@ import (
 //     writes of the rows they read, bounded by lock_timeout (waitForLocks).
 //   - A transaction's own idle_in_transaction_session_timeout
 //     (set_config(..., true)) changes nothing (localIdleTimeout).
-//   - Multi-statement scripts outside a transaction (migration files)
-//     applied one statement at a time, each committed (CockroachDB 25.x's
-//     autocommit_before_ddl), CockroachDB's CREATE TYPE IF NOT EXISTS
-//     among them, failing between two when
+//   - Migrations as the emulated version runs them (ddl.go): a script of
+//     several statements outside a transaction is one transaction that
+//     refuses what CockroachDB refuses in one, or, with
+//     autocommit_before_ddl on, one commit per statement; CockroachDB's
+//     CREATE TYPE IF NOT EXISTS; SET autocommit_before_ddl where the
+//     version has it; a migration failing between two statements when
 //     Settings.MigrationFailAfter asks.
 //
 // One Emulator serves a Connection's pools. It is safe for concurrent use; Hook must be
@@ -65,7 +67,7 @@ type Emulator struct {
 
 	mu    sync.Mutex
 	rng   *rand.Rand             // guarded by mu
-	poked map[string][]time.Time // guarded by mu: when heartbeats wrote each session's row, within pokeMemory
+	beats map[string][]time.Time // guarded by mu: when heartbeats wrote each session's row, within beatMemory
 
 	off        atomic.Bool  // stops injecting (tests that count retries)
 	nextCommit atomic.Int32 // the fate of the next commit point (tests); CommitAsIs: chance
@@ -84,7 +86,7 @@ func New(s Settings, counts *Counts) *Emulator {
 	if seed == 0 {
 		seed = rand.Uint64()
 	}
-	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), poked: map[string][]time.Time{}}
+	e := &Emulator{s: s, counts: counts, rng: rand.New(rand.NewPCG(seed, 0xb3db)), beats: map[string][]time.Time{}}
 	e.failAfter.Store(int32(s.MigrationFailAfter))
 	return e
 }
@@ -205,6 +207,7 @@ type conn struct {
 	pq   pqConn
 	tx   *tx // the transaction in progress, nil outside one
 	lost bool
+	ddl  ddlState // the migration emulation's (ddl.go)
 }
 
 // CockroachDB's statements of bmdb's GC listing (bmdb/gc.go).
@@ -225,7 +228,7 @@ const (
 var (
 	sessionReads = []string{"-- name: SessionCheck", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "}   // their session id arguments are read
 	sessionWaits = []string{"-- name: SessionCheck :", "-- name: WorkClaimMany ", "-- name: WorkFinishMany "} // reads that wait for a writer
-	sessionWrite = "-- name: SessionPoke :"                                                                   // the heartbeat
+	sessionWrite = "-- name: SessionHeartbeat :"                                                              // the heartbeat
 )
 
 // Answers the emulation gives in CockroachDB's stead.
@@ -244,6 +247,7 @@ var settingNames = map[string]bool{
 	"enable_shared_locking_for_serializable":  true,
 	"enable_durable_locking_for_serializable": true,
 	"optimizer_use_lock_op_for_serializable":  true,
+	"autocommit_before_ddl":                   true,
 }
 
 const placeholderPrefix = "crdb."
@@ -313,17 +317,21 @@ func (c *conn) CheckNamedValue(nv *driver.NamedValue) error { return c.pq.CheckN
 // outcome); otherwise query is to run as it is.
 func (c *conn) intercept(ctx context.Context, query string, args []driver.NamedValue) (done bool, res driver.Result, err error) {
 	q := strings.TrimSpace(query)
+	if done, err := c.setSession(ctx, q); done {
+		return true, driver.RowsAffected(0), err
+	}
 	if c.tx == nil {
 		switch {
 		case strings.Contains(q, spreadCheckMark):
 			return true, driver.RowsAffected(0), nil
 		case len(args) == 0:
-			if stmts := splitStatements(q); len(stmts) > 1 {
-				return true, driver.RowsAffected(0), c.execSplit(ctx, stmts)
+			if done, err := c.script(ctx, q); done {
+				return true, driver.RowsAffected(0), err
 			}
 		}
 		return false, nil, nil
 	}
+	c.noteVersionMark(q, args)
 	switch q {
 	case sqlFollowerRead:
 		// A read at follower_read_timestamp(): PostgreSQL reads the
@@ -388,7 +396,7 @@ func (c *conn) statement(ctx context.Context, q string, args []driver.NamedValue
 	if strings.HasPrefix(q, sessionWrite) {
 		e.mu.Lock()
 		for _, id := range stringArgs(args) {
-			e.poked[id] = remember(e.poked[id], time.Now())
+			e.beats[id] = remember(e.beats[id], time.Now())
 		}
 		e.mu.Unlock()
 	}
@@ -670,8 +678,8 @@ func (t *tx) refresh() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, id := range t.reads {
-		for _, poke := range e.poked[id] {
-			if poke.After(t.start) && !poke.After(pushed) {
+		for _, beat := range e.beats[id] {
+			if beat.After(t.start) && !beat.After(pushed) {
 				e.count(Refresh)
 				return injected(codeSerializationFailure, fmt.Sprintf(
 					"restart transaction: TransactionRetryWithProtoRefreshError: RETRY_SERIALIZABLE - failed preemptive refresh due to a conflict on session %s (emulated: a heartbeat between the transaction's start and its push to the closed timestamp, %v ago)", id, closed))
@@ -681,16 +689,16 @@ func (t *tx) refresh() error {
 	return nil
 }
 
-// pokeMemory is how long the emulation remembers a heartbeat: longer than
+// beatMemory is how long the emulation remembers a heartbeat: longer than
 // any transaction it pushes lives.
-const pokeMemory = time.Minute
+const beatMemory = time.Minute
 
-// remember returns pokes with now added and those older than pokeMemory
+// remember returns beats with now added and those older than beatMemory
 // dropped.
-func remember(pokes []time.Time, now time.Time) []time.Time {
-	keep := pokes[:0]
-	for _, p := range pokes {
-		if now.Sub(p) < pokeMemory {
+func remember(beats []time.Time, now time.Time) []time.Time {
+	keep := beats[:0]
+	for _, p := range beats {
+		if now.Sub(p) < beatMemory {
 			keep = append(keep, p)
 		}
 	}
@@ -795,31 +803,6 @@ func (r *oneValue) Next(dest []driver.Value) error {
 	return nil
 }
 
-// execSplit runs the statements of a migration file one by one, each
-// committed on its own, and fails between two of them if failAfter says
-// so.
-func (c *conn) execSplit(ctx context.Context, stmts []string) error {
-	for i, st := range stmts {
-		if n := c.e.failAfter.Load(); int(n) == i && n > 0 && c.e.failAfter.CompareAndSwap(n, 0) {
-			c.e.count(MigrationFailures)
-			return injected(codeSchemaChangeAborted, fmt.Sprintf(
-				"migration stopped after %d of its %d statements, which stay applied (injected)", i, len(stmts)))
-		}
-		if strings.Contains(st, spreadCheckMark) {
-			continue // CockroachDB's own DDL
-		}
-		st = createTypeIfNotExists.ReplaceAllString(st, "${1}DO $$crdb$$ BEGIN CREATE TYPE ${2}; EXCEPTION WHEN duplicate_object THEN NULL; END $$crdb$$")
-		if _, err := c.pq.ExecContext(ctx, st, nil); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// createTypeIfNotExists is CockroachDB's CREATE TYPE IF NOT EXISTS, which
-// PostgreSQL lacks: the emulation runs it as PostgreSQL's equivalent.
-var createTypeIfNotExists = regexp.MustCompile(`(?is)(^|\n)CREATE\s+TYPE\s+IF\s+NOT\s+EXISTS\s+(.*)$`)
-
 // splitStatements splits a script at the semicolons that end its
 // statements, not those inside comments, quotes or dollar quotes, and
 // drops what holds no statement (whitespace and comments only).
@@ -897,7 +880,6 @@ const (
 	codeLockNotAvailable           = "55P03"
 	codeDeadlockDetected           = "40P01"
 	codeQueryCanceled              = "57014"
-	codeSchemaChangeAborted        = "XXA00" // CockroachDB: committed, but the schema change aborted
 )
 
 func injected(code, msg string) error {

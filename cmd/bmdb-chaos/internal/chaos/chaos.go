@@ -15,8 +15,10 @@
 // porcupine (model.go), and the database and the workers' logs against
 // plain rules (checker.go): every item has exactly one effect, committed
 // by its claim's Finish before its session's deadline; nothing a session
-// wrote committed after its deadline; abandoned claims were released in
-// time; no item is left stuck. It prints the figures and the violations.
+// wrote committed after its deadline; a dead session's machines were
+// worked again, and its claims released, in time (bounds widened by the
+// delays the workers measured: sched.go); no item is left stuck. It
+// prints the figures and the violations.
 package chaos
 
 import (
@@ -64,7 +66,7 @@ type Config struct {
 	GCPeriod     time.Duration // bmdb GC period of the workers
 	WorkMin      time.Duration // shortest simulated work per item
 	WorkMax      time.Duration // longest simulated work per item
-	ReclaimSlack time.Duration // allowed beyond interval + GC period, for scheduling delays
+	ReclaimSlack time.Duration // allowed beyond the reclaim and release bounds on an idle machine (transactions take time)
 	DrainTimeout time.Duration // how long items may take to finish after the last fault
 	Timeout      time.Duration // bounds the whole run
 
@@ -78,18 +80,40 @@ type Config struct {
 
 // CIConfig returns the CI mode: 4 worker processes, each with 2
 // Connections running a loop of 2 handlers, 1 s session
-// interval and GC period, a few hundred items, 11 faults (every kind at
-// least once), bounded to 4 minutes.
+// interval and GC period, a few hundred items, 12 faults (every kind at
+// least once), bounded to 6 minutes (a drain on an overloaded machine
+// waits longer: drain).
 func CIConfig() Config {
 	return Config{
 		Seed: 1, Workers: 4, Concurrency: 2, Connections: 2, Items: 160, Faults: 12,
 		Gap:      [2]time.Duration{500 * time.Millisecond, 2 * time.Second},
 		Interval: time.Second, GCPeriod: time.Second,
 		WorkMin: 200 * time.Millisecond, WorkMax: 800 * time.Millisecond,
-		ReclaimSlack: 500 * time.Millisecond, DrainTimeout: 30 * time.Second, Timeout: 4 * time.Minute,
+		ReclaimSlack: 500 * time.Millisecond, DrainTimeout: 30 * time.Second, Timeout: 6 * time.Minute,
 		Out: os.Stdout,
 	}
 }
+
+// reclaimBound is how long after its session's deadline a dead claim's
+// machine may wait to be worked again, counting only time with free
+// machines (reclaim.go), on an idle machine: one interval, as bmdb
+// promises, or longer if the fleet's work is. bmdb takes the claim over
+// at the first claim statement that meets it among its candidates, and
+// a session's claims also sweep every claim of the process held by an
+// expired session once per quarter interval; a session claims whenever a
+// handler of it is free, at the latest when its work (at most WorkMax)
+// is done. So a sweep finds the claim within interval/4 + WorkMax of the
+// deadline (1.05 s in CI mode), and the machines it frees are claimed
+// first, by it or the next claim. ReclaimSlack covers the transactions.
+func (c Config) reclaimBound() time.Duration {
+	return max(c.Interval, c.Interval/4+c.WorkMax) + c.ReclaimSlack
+}
+
+// releaseBound is how long after its session's deadline a dead claim is
+// Abandoned, on an idle machine: by a takeover (as reclaimBound), or by
+// GC, which every live session runs every GC period for sessions expired
+// more than a grace period (bmdb's default: the interval) ago.
+func (c Config) releaseBound() time.Duration { return c.Interval + c.GCPeriod + c.ReclaimSlack }
 
 func (c Config) validate() error {
 	switch {
@@ -166,7 +190,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	h := &harness{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 0x6368616f73)), began: time.Now(), partitionModes: map[string]int{}, cockroach: mode.Enabled}
 	r := &Report{Seed: cfg.Seed, Workers: cfg.Workers, Concurrency: cfg.Concurrency, Connections: cfg.Connections, Interval: cfg.Interval,
-		GCPeriod: cfg.GCPeriod, ReclaimBound: cfg.Interval + cfg.GCPeriod + cfg.ReclaimSlack, Soak: cfg.Soak,
+		GCPeriod: cfg.GCPeriod, ReclaimBound: cfg.reclaimBound(), ReleaseBound: cfg.releaseBound(), Soak: cfg.Soak,
 		Serializable: cfg.Serializable, Cockroach: mode.Enabled}
 	err = h.run(ctx, r)
 	r.Runtime = time.Since(h.began)
@@ -199,7 +223,7 @@ func (h *harness) run(ctx context.Context, r *Report) error {
 	stopLoad()
 	wg.Wait()
 	if err == nil {
-		h.drain(ctx)
+		r.DrainExtended = h.drain(ctx)
 	}
 	for _, s := range h.fleet.stopAll(15 * time.Second) {
 		r.violate("%s", s)
@@ -411,22 +435,35 @@ func (h *harness) progress(ctx context.Context) (total, done int, err error) {
 }
 
 // drain waits until every item has an effect, or DrainTimeout (the checker
-// then reports the stuck items).
-func (h *harness) drain(ctx context.Context) {
-	end := time.Now().Add(h.cfg.DrainTimeout)
-	for time.Now().Before(end) && ctx.Err() == nil {
+// then reports the stuck items), longer by the time the machine was
+// overloaded meanwhile (drainOverload): a liveness bound, widened as the
+// checker widens the others. It returns how much longer it waited.
+func (h *harness) drain(ctx context.Context) time.Duration {
+	began := time.Now()
+	end := began.Add(h.cfg.DrainTimeout)
+	var extended time.Duration
+	for ctx.Err() == nil {
+		if !time.Now().Before(end) {
+			more := h.drainOverload(began) - extended
+			if more <= 0 || extended+more > maxDrainExtension*h.cfg.DrainTimeout {
+				break
+			}
+			extended += more
+			end = end.Add(more)
+			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs overloaded for %v of the drain: waiting that much longer\n", time.Since(h.began).Seconds(), extended.Round(time.Millisecond))
+		}
 		total, done, err := h.progress(ctx)
 		if err == nil && done == total {
 			fmt.Fprintf(h.cfg.Out, "bmdb-chaos: %6.1fs all %d items done\n", time.Since(h.began).Seconds(), total)
-			return
+			return extended
 		}
 		_ = wait.Sleep(ctx, 200*time.Millisecond)
 	}
-	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: items still not done %v after the last fault\n", h.cfg.DrainTimeout)
+	fmt.Fprintf(h.cfg.Out, "bmdb-chaos: items still not done %v after the last fault\n", h.cfg.DrainTimeout+extended)
 	h.stuck = map[uuid.UUID]string{}
 	rows, err := h.db.QueryContext(ctx, stuckSQL, Process)
 	if err != nil {
-		return
+		return extended
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -436,6 +473,23 @@ func (h *harness) drain(ctx context.Context) {
 			h.stuck[m] = what
 		}
 	}
+	return extended
+}
+
+// maxDrainExtension bounds how many DrainTimeouts drain adds for overload.
+const maxDrainExtension = 3
+
+// drainOverload returns how long the machine was overloaded since from, by
+// the workers' measurements so far (their histories: delays.overloaded),
+// or 0 if they cannot be read now.
+func (h *harness) drainOverload(from time.Time) time.Duration {
+	ops, err := readHistories(h.fleet.logDir, h.cfg.Workers)
+	if err != nil {
+		return 0
+	}
+	offset := realtimeOffset()
+	expired, _ := selfExpired(ops, nil, offset, h.cfg.Interval/2)
+	return union(newDelays(ops, nil, offset).overloaded(h.cfg.Interval/2), expired).overlap(from, time.Now())
 }
 
 // withParams returns the URL dsn with host (if not empty), database (if
@@ -502,8 +556,18 @@ type Report struct {
 	Items, Processed                  int // items seeded, items with an effect
 	Effects                           int // effect rows
 	Events                            map[string]int
-	Reclaims                          []time.Duration // Abandoned at - session's final deadline, sorted
-	ReclaimBound                      time.Duration   // interval + GC period + slack
+	Reclaims                          []time.Duration // dead sessions' machines: their next Started's commit - the session's final deadline, counting only time with free machines (reclaim.go), sorted
+	ReclaimWall                       time.Duration   // the longest of those on the wall clock, all time counted
+	ReclaimBound                      time.Duration   // Config.reclaimBound, before what the run measured
+	Releases                          []time.Duration // Abandoned at - session's final deadline, sorted
+	ReleasedByClaims                  int             // of those, Abandoned rows a claim's transaction wrote (a takeover), not GC or a Close
+	ReleaseBound                      time.Duration   // Config.releaseBound, before what the run measured
+	SchedDelays                       []time.Duration // the workers' timer lateness, the worst of each window (sched.go), sorted
+	RoundTrips                        []time.Duration // the workers' SELECT 1 round trips of pingRecordMin or more (sched.go), sorted
+	Connects                          []time.Duration // the workers' probe connections' openings of pingRecordMin or more (sched.go), sorted
+	Overloaded                        time.Duration   // how long the delays measured were more than a heartbeat can absorb (delays.overloaded), or a session expired by itself (selfExpired)
+	SelfExpired                       int             // sessions that expired with no fault aimed at their worker (selfExpired)
+	DrainExtended                     time.Duration   // how much longer than DrainTimeout the drain waited, for overload
 	MinCommitMargin                   time.Duration   // least (session deadline - effect commit)
 	Operations                        int             // operations checked against the claim model
 	Violations                        []string
@@ -555,19 +619,32 @@ func (r *Report) Print(w io.Writer) {
 		parts = append(parts, s)
 	}
 	fmt.Fprintf(w, "  faults:     %d: %s\n", total, strings.Join(parts, ", "))
-	fmt.Fprintf(w, "  items:      %d seeded, %d processed, %d effect rows\n", r.Items, r.Processed, r.Effects)
+	drain := ""
+	if r.DrainExtended > 0 {
+		drain = fmt.Sprintf(" (the drain waited %v longer: overloaded)", r.DrainExtended.Round(time.Millisecond))
+	}
+	fmt.Fprintf(w, "  items:      %d seeded, %d processed, %d effect rows%s\n", r.Items, r.Processed, r.Effects, drain)
 	var ev []string
 	for _, e := range []string{"Started", "Finished", "Abandoned", "Canceled", "Failed"} {
 		ev = append(ev, fmt.Sprintf("%s %d", e, r.Events[e]))
 	}
 	fmt.Fprintf(w, "  claims:     %s\n", strings.Join(ev, ", "))
 	if n := len(r.Reclaims); n > 0 {
-		fmt.Fprintf(w, "  reclaim:    %d abandoned claims released after their session's deadline in max %v, p99 %v, p50 %v (bound %v)\n",
+		fmt.Fprintf(w, "  reclaim:    %d machines of dead sessions worked again after the deadline in max %v, p99 %v, p50 %v, counting time with free machines (wall clock max %v; bound %v +)\n",
 			n, r.Reclaims[n-1].Round(time.Millisecond), quantile(r.Reclaims, 0.99).Round(time.Millisecond),
-			quantile(r.Reclaims, 0.5).Round(time.Millisecond), r.ReclaimBound)
+			quantile(r.Reclaims, 0.5).Round(time.Millisecond), r.ReclaimWall.Round(time.Millisecond), r.ReclaimBound)
 	} else {
-		fmt.Fprintf(w, "  reclaim:    no abandoned claims\n")
+		fmt.Fprintf(w, "  reclaim:    no machine of a dead session\n")
 	}
+	if n := len(r.Releases); n > 0 {
+		fmt.Fprintf(w, "  release:    %d claims of dead sessions released (Abandoned, %d by claims' takeovers, the rest by GC or a Close) after the deadline in max %v, p99 %v, p50 %v (bound %v +)\n",
+			n, r.ReleasedByClaims, r.Releases[n-1].Round(time.Millisecond), quantile(r.Releases, 0.99).Round(time.Millisecond),
+			quantile(r.Releases, 0.5).Round(time.Millisecond), r.ReleaseBound)
+	} else {
+		fmt.Fprintf(w, "  release:    no abandoned claims\n")
+	}
+	fmt.Fprintf(w, "  delays:     timer lateness (worst per %v) %s; round trips %s; connecting %s; overloaded %v (a heartbeat's %d round trips + connecting + lateness >= interval/2, or one of %d sessions expired with no fault aimed at its worker); each bound above + outages and overload + %d x timer lateness + %d x round trip + connecting, the worst measured in its window\n",
+		schedWindow, spread(r.SchedDelays), spread(r.RoundTrips), spread(r.Connects), r.Overloaded.Round(time.Millisecond), heartbeatRoundTrips, r.SelfExpired, wakeUps, roundTrips)
 	fmt.Fprintf(w, "  deadlines:  closest effect commit %v before its session's deadline\n", r.MinCommitMargin.Round(time.Millisecond))
 	fmt.Fprintf(w, "  model:      %d operations checked against the claim model (porcupine), per item\n", r.Operations)
 	fmt.Fprintf(w, "  violations: %d\n", len(r.Violations))
@@ -579,6 +656,15 @@ func (r *Report) Print(w io.Writer) {
 	if r.LogDir != "" {
 		fmt.Fprintf(w, "  worker logs: %s\n", r.LogDir)
 	}
+}
+
+// spread describes sorted ds: max, p99 and p50, or none.
+func spread(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none measured"
+	}
+	return fmt.Sprintf("max %v, p99 %v, p50 %v", ds[len(ds)-1].Round(time.Millisecond),
+		quantile(ds, 0.99).Round(time.Millisecond), quantile(ds, 0.5).Round(time.Millisecond))
 }
 
 // quantile returns the q-quantile of sorted ds (nearest rank).

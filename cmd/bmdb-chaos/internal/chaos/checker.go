@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -31,13 +32,30 @@ func (h *harness) check(ctx context.Context, r *Report) error {
 	}
 	offset := realtimeOffset()
 	st := newStories(ops, events, offset)
+	faults, err := h.workerFaults(ctx)
+	if err != nil {
+		return err
+	}
+	outages, err := h.outages(ctx)
+	if err != nil {
+		return err
+	}
+	d := newDelays(ops, faults, offset)
+	expired, n := selfExpired(ops, faults, offset, h.cfg.Interval/2)
+	overloaded := union(d.overloaded(h.cfg.Interval/2), expired)
+	lb := &liveness{outages: union(outages, overloaded), delays: d}
+	r.SchedDelays, r.RoundTrips, r.Connects = d.sched.all(), d.ping.all(), d.connect.all()
+	r.Overloaded, r.SelfExpired = overloaded.total(), n
 	if err := h.checkItems(ctx, r); err != nil {
 		return err
 	}
 	if err := h.checkEffects(ctx, r, final, st); err != nil {
 		return err
 	}
-	if err := h.checkHistory(ctx, r, final, events, st); err != nil {
+	if err := h.checkHistory(r, final, events, st, lb); err != nil {
+		return err
+	}
+	if err := h.checkReclaims(ctx, r, final, events, lb); err != nil {
 		return err
 	}
 	for _, w := range h.fleet.procs {
@@ -204,14 +222,16 @@ FROM chaos_effect e ORDER BY e.id`)
 // (each Started is ended by its own session's event before the next
 // Started); what a session's own transactions wrote (Started, Finished,
 // Failed) committed before its final deadline; a claim is Abandoned only
-// after its session's final deadline, and within the reclaim bound of it;
-// no claim is left open.
-func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, events []dbEvent, st *stories) error {
-	outages, err := h.outages(ctx)
-	if err != nil {
-		return err
-	}
+// after its session's final deadline, and within the release bound of it
+// (liveness); no claim is left open.
+func (h *harness) checkHistory(r *Report, final map[uuid.UUID]time.Time, events []dbEvent, st *stories, lb *liveness) error {
 	r.Events = map[string]int{}
+	claiming := map[string]bool{} // transactions that wrote a Started row: claims
+	for _, e := range events {
+		if e.event == "Started" {
+			claiming[e.xid] = true
+		}
+	}
 	var holder *dbEvent
 	var last uuid.UUID
 	for i := range events {
@@ -252,10 +272,13 @@ func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UU
 					e.machine, e.session, ts(e.at), ts(fd))
 			default:
 				lat := e.at.Sub(fd)
-				r.Reclaims = append(r.Reclaims, lat)
-				if allowed := r.ReclaimBound + outages.overlap(fd, e.at); lat > allowed {
-					r.violate("item %s: claim of session %s reclaimed %v after the session's deadline %s, more than %v",
-						e.machine, e.session, lat.Round(time.Millisecond), ts(fd), allowed.Round(time.Millisecond))
+				r.Releases = append(r.Releases, lat)
+				if claiming[e.xid] {
+					r.ReleasedByClaims++
+				}
+				if allowed, why := lb.allowed(r.ReleaseBound, fd, e.at); lat > allowed {
+					r.violate("item %s: claim of session %s released (Abandoned) %v after the session's deadline %s, more than %v (%s)",
+						e.machine, e.session, lat.Round(time.Millisecond), ts(fd), allowed.Round(time.Millisecond), why)
 				}
 			}
 		}
@@ -264,14 +287,126 @@ func (h *harness) checkHistory(ctx context.Context, r *Report, final map[uuid.UU
 	if holder != nil {
 		r.violate("item %s: claim of session %s (Started %s) never ended", last, holder.session, ts(holder.at))
 	}
+	sort.Slice(r.Releases, func(i, j int) bool { return r.Releases[i] < r.Releases[j] })
+	return nil
+}
+
+// reclaimsFile is the file in the log directory that lists every
+// reclaim: machine, session, deadline, next Started, the wall and counted
+// times, and what its allowance adds for outages (the database's, and
+// overload) and for the delays measured.
+const reclaimsFile = "reclaims.tsv"
+
+// checkReclaims: every machine a dead session held is worked again
+// within the reclaim bound of the session's deadline, counting only the
+// time during which free machines remained (reclaim.go) (liveness).
+func (h *harness) checkReclaims(ctx context.Context, r *Report, final map[uuid.UUID]time.Time, events []dbEvent, lb *liveness) error {
+	none, err := h.noneFree(ctx, events)
+	if err != nil {
+		return err
+	}
+	rs, unknown := reclaims(events, final, none)
+	for _, c := range unknown {
+		r.violate("claim %s: Abandoned, and its session has no recorded deadline", c)
+	}
+	var tsv strings.Builder
+	tsv.WriteString("machine\tsession\tdeadline\tstarted\twall_ms\tcounted_ms\toutage_ms\tdelay_ms\tallowed_ms\n")
+	for _, rc := range rs {
+		allowed, why := lb.allowed(r.ReclaimBound, rc.deadline, rc.started)
+		fmt.Fprintf(&tsv, "%s\t%s\t%s\t%s\t%d\t%d\t%d\t%d\t%d\n", rc.machine, rc.session, ts(rc.deadline), ts(rc.started),
+			rc.started.Sub(rc.deadline).Milliseconds(), rc.counted.Milliseconds(), lb.outages.overlap(rc.deadline, rc.started).Milliseconds(),
+			lb.delayOf(rc.deadline, rc.started).Milliseconds(), allowed.Milliseconds())
+		r.Reclaims = append(r.Reclaims, rc.counted)
+		r.ReclaimWall = max(r.ReclaimWall, rc.started.Sub(rc.deadline))
+		if rc.counted > allowed {
+			r.violate("item %s: worked again (Started committed %s) %v after the deadline %s of session %s, counting only time with free machines, more than %v (%s)",
+				rc.machine, ts(rc.started), rc.counted.Round(time.Millisecond), ts(rc.deadline), rc.session, allowed.Round(time.Millisecond), why)
+		}
+	}
+	if h.fleet != nil {
+		// Every reclaim with its allowance, for a closer look.
+		if err := os.WriteFile(filepath.Join(h.fleet.logDir, reclaimsFile), []byte(tsv.String()), 0o644); err != nil {
+			return fmt.Errorf("chaos: writing %s: %w", reclaimsFile, err)
+		}
+	}
 	sort.Slice(r.Reclaims, func(i, j int) bool { return r.Reclaims[i] < r.Reclaims[j] })
 	return nil
 }
 
+// liveness widens a liveness bound by what the run measured over the
+// window it applies to: the time the database was down or the work table
+// locked, or the machine overloaded (delays.overloaded), and the delays
+// the workers measured (sched.go).
+type liveness struct {
+	outages outageWindows // the database's outages and the overloaded windows, merged
+	delays  *delays
+}
+
+// What a liveness bound allows for each delay measured in its window:
+// the critical path of a reclaim is one claim transaction that takes the
+// dead session over (its begin, retrieval, claim statement, the session's
+// lock, the Abandoned rows, the session's delete, the claim again, the
+// commit: roundTrips round trips, each of which may take as long as the
+// longest measured then, and at most one new connection), started by a
+// few goroutine wake-ups (the handler's timer, the claim loop, the
+// batcher, the transaction: wakeUps, each as late as the worst measured
+// then).
+const (
+	roundTrips = 8
+	wakeUps    = 4
+)
+
+// allowance is what delays measured in a window add to a bound.
+func (m measuredDelays) allowance() time.Duration {
+	return wakeUps*m.late + roundTrips*m.roundTrip + m.connect
+}
+
+// delayOf returns what the delays measured over [from, to] add to a bound.
+func (lb *liveness) delayOf(from, to time.Time) time.Duration {
+	return lb.delays.during(from, to).allowance()
+}
+
+// allowed returns bound widened for the window [from, to], and how.
+func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Duration, string) {
+	out := lb.outages.overlap(from, to)
+	m := lb.delays.during(from, to)
+	return bound + out + m.allowance(), fmt.Sprintf("bound %v, + %v database outage or overload, + %d x %v timer lateness + %d x %v round trip + %v connecting, the worst measured then",
+		bound, out.Round(time.Millisecond), wakeUps, m.late.Round(time.Millisecond), roundTrips, m.roundTrip.Round(time.Millisecond), m.connect.Round(time.Millisecond))
+}
+
 // outageWindows are the database's restarts and the operator's locks of
-// the work table, on its clock: no one can reclaim anything then.
+// the work table, on its clock: no one can reclaim anything then (and,
+// in other uses, windows of other kinds).
 type outageWindows [][2]time.Time
 
+// union returns the windows of a and b, merged, in order.
+func union(a, b outageWindows) outageWindows {
+	all := append(append(outageWindows(nil), a...), b...)
+	sort.Slice(all, func(i, j int) bool { return all[i][0].Before(all[j][0]) })
+	var u outageWindows
+	for _, w := range all {
+		if n := len(u); n > 0 && !u[n-1][1].Before(w[0]) {
+			if w[1].After(u[n-1][1]) {
+				u[n-1][1] = w[1]
+			}
+			continue
+		}
+		u = append(u, w)
+	}
+	return u
+}
+
+// total returns how long the windows last together (they do not overlap).
+func (o outageWindows) total() time.Duration {
+	var d time.Duration
+	for _, w := range o {
+		d += w[1].Sub(w[0])
+	}
+	return d
+}
+
+// outages returns the database's restarts and the operator's locks of
+// the work table (FaultPGRestart, FaultLockTable), on its clock.
 func (h *harness) outages(ctx context.Context) (outageWindows, error) {
 	rows, err := h.db.QueryContext(ctx, `SELECT began_at, ended_at FROM chaos_fault WHERE kind IN ($1, $2) AND ended_at IS NOT NULL`,
 		string(FaultPGRestart), string(FaultLockTable))
@@ -290,8 +425,8 @@ func (h *harness) outages(ctx context.Context) (outageWindows, error) {
 	return o, rows.Err()
 }
 
-// overlap returns how long the database was down between from and to: no
-// one can reclaim anything then.
+// overlap returns how long the windows cover between from and to: no one
+// can reclaim anything then.
 func (o outageWindows) overlap(from, to time.Time) time.Duration {
 	var d time.Duration
 	for _, w := range o {

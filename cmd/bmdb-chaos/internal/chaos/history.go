@@ -31,6 +31,9 @@ const (
 	opCancel       = "cancel"        // Work.Cancel
 	opSessionStart = "session-start" // Connection.StartSession
 	opSessionEnd   = "session-end"   // a session's Done, with its cause (Return only)
+	opSched        = "sched"         // the worker's worst timer lateness over a window (sched.go): Call to Return, Late
+	opPing         = "ping"          // a SELECT 1 round trip of the worker's (sched.go): Call to Return, Late
+	opConnect      = "connect"       // the opening of the worker's probe connection (sched.go): Call to Return, Late
 )
 
 // Outcomes of an operation, as the client saw them.
@@ -63,6 +66,7 @@ type record struct {
 	Out     string    `json:"o,omitempty"`
 	Err     string    `json:"e,omitempty"`
 	Claims  []claimed `json:"cl,omitempty"`
+	Late    int64     `json:"l,omitempty"` // opSched: the most the worker woke late in the window; opPing, opConnect: how long it took; nanoseconds
 }
 
 // monotonic returns CLOCK_MONOTONIC in nanoseconds.
@@ -121,9 +125,12 @@ func (r *recorder) write(rec record) {
 	}
 }
 
+// nextID returns a new operation id.
+func (r *recorder) nextID() string { return fmt.Sprintf("%d.%d", r.pid, r.next.Add(1)) }
+
 // invoke records the invocation of an operation and returns its id.
 func (r *recorder) invoke(rec record) string {
-	rec.ID = fmt.Sprintf("%d.%d", r.pid, r.next.Add(1))
+	rec.ID = r.nextID()
 	rec.Call = monotonic()
 	r.write(rec)
 	return rec.ID
@@ -138,7 +145,7 @@ func (r *recorder) returned(id string, err error, claims []claimed) {
 // sessionEnded records the end of session s (an operation with no call).
 func (r *recorder) sessionEnded(s uuid.UUID, cause error) {
 	out, msg := outcome(cause)
-	r.write(record{ID: fmt.Sprintf("%d.%d", r.pid, r.next.Add(1)), Kind: opSessionEnd, Session: s, Return: monotonic(), Out: out, Err: msg})
+	r.write(record{ID: r.nextID(), Kind: opSessionEnd, Session: s, Return: monotonic(), Out: out, Err: msg})
 }
 
 // op is one operation of a history: an invocation and its return (Return

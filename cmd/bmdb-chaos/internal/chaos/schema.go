@@ -16,6 +16,11 @@ const Process = "chaos"
 //     a trigger on bmdb's sessions table, insert-only so it adds no
 //     serialization conflicts), so that the checker knows each session's
 //     final deadline after GC deleted the row.
+//   - chaos_backoff_log records every until a (machine, process) was
+//     given in work_backoff (a trigger, insert-only as the sessions' is),
+//     with the writing transaction (its xmin is the Fail's, which wrote
+//     the Failed history row), so that the checker knows when each
+//     backoff ended (reclaim.go: which items were free).
 //   - chaos_fault records the injected faults on the database clock.
 const schemaSQL = `
 CREATE TABLE chaos_effect (
@@ -46,6 +51,21 @@ END
 $$;
 CREATE TRIGGER chaos_log_session AFTER INSERT OR UPDATE OF deadline ON sessions
     FOR EACH ROW EXECUTE FUNCTION chaos_log_session();
+
+CREATE TABLE chaos_backoff_log (
+    machine_id UUID NOT NULL,
+    process TEXT NOT NULL,
+    until TIMESTAMPTZ NOT NULL
+);
+
+CREATE FUNCTION chaos_log_backoff() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chaos_backoff_log (machine_id, process, until) VALUES (NEW.machine_id, NEW.process, NEW.until);
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER chaos_log_backoff AFTER INSERT OR UPDATE OF until ON work_backoff
+    FOR EACH ROW EXECUTE FUNCTION chaos_log_backoff();
 
 CREATE TABLE chaos_fault (
     id BIGSERIAL PRIMARY KEY,

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
@@ -77,6 +79,20 @@ func RunWorker(ctx context.Context, c WorkerConfig) error {
 	if err != nil {
 		return err
 	}
+	// The probes (sched.go) run until the loops are done. The round
+	// trips' connection is bmdb's driver wrapper's, so that a ping cut off
+	// by a fault ends with its context.
+	connector, err := dbconn.NewConnector(c.DSN, pingTimeout, dbconn.Settings{}, nil)
+	if err != nil {
+		return fmt.Errorf("chaos: the probe's connection: %w", err)
+	}
+	ping := sql.OpenDB(connector)
+	defer ping.Close()
+	ping.SetMaxOpenConns(1)
+	probeCtx, stopProbe := context.WithCancel(context.WithoutCancel(ctx))
+	var probes sync.WaitGroup
+	probes.Go(func() { probeScheduling(probeCtx, rec) })
+	probes.Go(func() { probeDatabase(probeCtx, ping, rec) })
 	conns := max(c.Connections, 1)
 	errs := make([]error, conns)
 	var wg sync.WaitGroup
@@ -85,6 +101,8 @@ func RunWorker(ctx context.Context, c WorkerConfig) error {
 		wg.Go(func() { errs[i] = l.run(ctx, wrap) })
 	}
 	wg.Wait()
+	stopProbe()
+	probes.Wait()
 	if counts != nil {
 		klog.Infof("chaos: worker %d: %s", c.ID, counts.Report())
 	}

@@ -1,4 +1,4 @@
-package web
+package fleet
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"github.com/lib/pq"
 )
 
-// The pages show an application's stages when the application defines them,
-// in its own migrations, as views under these names (the example pipeline's
+// The read model shows an application's stages when the application
+// defines them, in its own migrations, as views under these names (the example pipeline's
 // are in cmd/worker-example/pipeline/migrations):
 //
 //	app_stages (stage TEXT, position INT8, description TEXT)
@@ -26,8 +26,8 @@ import (
 //	    claims and backoffs); the overview counts those nobody works on
 //	    among the machines waiting for the process
 //
-// Without them the pages show what bmdb knows of every application: claims,
-// backoffs, history and sessions. bmdbctl reads the same views.
+// Without them it shows what bmdb knows of every application: claims,
+// backoffs, history and sessions.
 const (
 	ViewStages        = "app_stages"
 	ViewMachineStages = "app_machine_stages"
@@ -52,18 +52,6 @@ GROUP BY s.stage, s.position, s.description
 ORDER BY s.position, s.stage`
 	machineStagesSQL = `SELECT machine_id, stage FROM app_machine_stages WHERE machine_id = ANY ($1::UUID[])`
 	machineTagsSQL   = `SELECT tag, value, at FROM app_machine_tags WHERE machine_id = $1 ORDER BY at, tag`
-	// machinesAtStageSQL is MachineOverviewFilter restricted to a stage.
-	machinesAtStageSQL = `SELECT mo.machine_id, mo.machine_created_at, mo.live_claims, mo.expired_claims, mo.active_backoffs
-FROM machine_overview mo JOIN app_machine_stages ms ON ms.machine_id = mo.machine_id
-WHERE ms.stage = $1 AND mo.machine_id > $2
-  AND ($3::TEXT IS NULL OR EXISTS (
-        SELECT 1 FROM work w JOIN sessions s ON s.session_id = w.session_id
-        WHERE w.machine_id = mo.machine_id AND w.process = $3::TEXT AND (s.deadline > now() OR $4::BOOL)))
-  AND ($5::TEXT IS NULL OR EXISTS (
-        SELECT 1 FROM work_backoff b
-        WHERE b.machine_id = mo.machine_id AND b.process = $5::TEXT AND b.until > now()))
-ORDER BY mo.machine_id
-LIMIT $6`
 )
 
 // Stage is one of the application's stages, with its number of machines.
@@ -85,7 +73,7 @@ type AppViews struct {
 func ReadAppViews(ctx context.Context, db *sql.DB) (AppViews, error) {
 	rows, err := db.QueryContext(ctx, appViewsSQL)
 	if err != nil {
-		return AppViews{}, fmt.Errorf("web: looking for the application's views: %w", err)
+		return AppViews{}, fmt.Errorf("fleet: looking for the application's views: %w", err)
 	}
 	defer rows.Close()
 	have := map[string]bool{}
@@ -109,9 +97,15 @@ func ReadStages(ctx context.Context, db *sql.DB) ([]Stage, error) {
 	if err != nil || !views.Stages {
 		return nil, err
 	}
+	return readStageCounts(ctx, db)
+}
+
+// readStageCounts returns the application's stages in order, with their
+// machine counts.
+func readStageCounts(ctx context.Context, db *sql.DB) ([]Stage, error) {
 	rows, err := db.QueryContext(ctx, stageCountsSQL)
 	if err != nil {
-		return nil, fmt.Errorf("web: reading %s: %w", ViewStages, err)
+		return nil, fmt.Errorf("fleet: reading %s: %w", ViewStages, err)
 	}
 	defer rows.Close()
 	stages := []Stage{}
@@ -119,7 +113,7 @@ func ReadStages(ctx context.Context, db *sql.DB) ([]Stage, error) {
 		var s Stage
 		var desc sql.NullString
 		if err := rows.Scan(&s.Name, &s.Position, &desc, &s.Machines); err != nil {
-			return nil, fmt.Errorf("web: reading %s: %w", ViewStages, err)
+			return nil, fmt.Errorf("fleet: reading %s: %w", ViewStages, err)
 		}
 		s.Description = desc.String
 		stages = append(stages, s)
@@ -131,7 +125,7 @@ func ReadStages(ctx context.Context, db *sql.DB) ([]Stage, error) {
 func ReadMachineStages(ctx context.Context, db *sql.DB, ids []uuid.UUID) (map[uuid.UUID]string, error) {
 	rows, err := db.QueryContext(ctx, machineStagesSQL, pq.Array(uuidStrings(ids)))
 	if err != nil {
-		return nil, fmt.Errorf("web: reading %s: %w", ViewMachineStages, err)
+		return nil, fmt.Errorf("fleet: reading %s: %w", ViewMachineStages, err)
 	}
 	defer rows.Close()
 	out := make(map[uuid.UUID]string, len(ids))
@@ -157,7 +151,7 @@ type Tag struct {
 func readTags(ctx context.Context, db *sql.DB, id uuid.UUID) ([]Tag, error) {
 	rows, err := db.QueryContext(ctx, machineTagsSQL, id)
 	if err != nil {
-		return nil, fmt.Errorf("web: reading %s: %w", ViewMachineTags, err)
+		return nil, fmt.Errorf("fleet: reading %s: %w", ViewMachineTags, err)
 	}
 	defer rows.Close()
 	tags := []Tag{}
@@ -186,7 +180,7 @@ func uuidStrings(ids []uuid.UUID) []string {
 func readReadyWork(ctx context.Context, db *sql.DB) (map[string]int64, error) {
 	rows, err := db.QueryContext(ctx, readyWorkSQL)
 	if err != nil {
-		return nil, fmt.Errorf("web: reading %s: %w", ViewPendingWork, err)
+		return nil, fmt.Errorf("fleet: reading %s: %w", ViewPendingWork, err)
 	}
 	defer rows.Close()
 	ready := map[string]int64{}

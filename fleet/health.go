@@ -1,7 +1,8 @@
-package web
+package fleet
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 	"strings"
@@ -43,10 +44,11 @@ type ProcessHealth struct {
 	Warning string `json:"warning,omitempty"`
 }
 
-// readHealth returns the health of every known process, by name: those
-// of events (the processes with history in the plotted hour) and the
-// processes with claims, backoffs or pending work.
-func (h *Handler) readHealth(ctx context.Context, events []string, live []model.LiveSession, views AppViews) ([]ProcessHealth, error) {
+// readHealth returns the health of every process the overview shows, by
+// name: those of events (the processes with history in the plotted hour)
+// and the processes with claims, backoffs or pending work.
+func readHealth(ctx context.Context, db *sql.DB, events []string, live []model.LiveSession, views AppViews) ([]ProcessHealth, error) {
+	q := model.New(db)
 	byName := map[string]*ProcessHealth{}
 	get := func(p string) *ProcessHealth {
 		if byName[p] == nil {
@@ -57,7 +59,7 @@ func (h *Handler) readHealth(ctx context.Context, events []string, live []model.
 	for _, p := range events {
 		get(p)
 	}
-	claims, err := h.q.CurrentWorkHealthByProcess(ctx)
+	claims, err := q.CurrentWorkHealthByProcess(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +68,7 @@ func (h *Handler) readHealth(ctx context.Context, events []string, live []model.
 		ph.LiveClaims, ph.OldestLiveAgeSeconds = c.LiveClaims, c.OldestLiveAgeSeconds
 		ph.ExpiredClaims, ph.OldestExpiredAgeSeconds = c.ExpiredClaims, c.OldestExpiredAgeSeconds
 	}
-	backoffs, err := h.q.WorkBackoffWaitingByProcess(ctx)
+	backoffs, err := q.WorkBackoffWaitingByProcess(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -75,7 +77,7 @@ func (h *Handler) readHealth(ctx context.Context, events []string, live []model.
 		ph.InBackoff, ph.BackoffDue = b.InForce, b.Due
 	}
 	if views.Pending {
-		ready, err := readReadyWork(ctx, h.db)
+		ready, err := readReadyWork(ctx, db)
 		if err != nil {
 			return nil, err
 		}
@@ -83,7 +85,7 @@ func (h *Handler) readHealth(ctx context.Context, events []string, live []model.
 			get(p).Ready = n
 		}
 	}
-	if err := h.readComponents(ctx, byName); err != nil {
+	if err := readComponents(ctx, q, byName); err != nil {
 		return nil, err
 	}
 	out := make([]ProcessHealth, 0, len(byName))
@@ -97,8 +99,8 @@ func (h *Handler) readHealth(ctx context.Context, events []string, live []model.
 
 // readComponents fills in the components of each process: those holding
 // its claims and those that started its most recent claims.
-func (h *Handler) readComponents(ctx context.Context, byName map[string]*ProcessHealth) error {
-	holders, err := h.q.CurrentWorkComponentsByProcess(ctx)
+func readComponents(ctx context.Context, q *model.Queries, byName map[string]*ProcessHealth) error {
+	holders, err := q.CurrentWorkComponentsByProcess(ctx)
 	if err != nil {
 		return err
 	}
@@ -108,7 +110,7 @@ func (h *Handler) readComponents(ctx context.Context, byName map[string]*Process
 		}
 	}
 	for p, ph := range byName {
-		recent, err := h.q.WorkHistoryRecentComponents(ctx, model.WorkHistoryRecentComponentsParams{Process: p, RowLimit: recentStarts})
+		recent, err := q.WorkHistoryRecentComponents(ctx, model.WorkHistoryRecentComponentsParams{Process: p, RowLimit: recentStarts})
 		if err != nil {
 			return err
 		}
