@@ -36,7 +36,7 @@ TEST_STEPS := \
 BROWSER_CHECK := command -v chromium || command -v chromium-browser || command -v google-chrome || \
 	echo "== web: the browser tests (TestBrowser*) will SKIP: no chromium on PATH (apt-get install chromium) ==" >&2
 
-.PHONY: all demo test generate verify lint check bench bench-durable clean
+.PHONY: all demo test generate verify lint check bench bench-durable bench-matrix clean
 
 all: check
 
@@ -92,17 +92,25 @@ lint: $(STATICCHECK)
 ## check: everything CI checks.
 check: verify lint test
 
-## bench: the quick benchmarks (a few minutes: floor vs bmdb vs River, scale,
-## contention, go test -bench) against a throwaway PostgreSQL (or the one in
-## BMDB_DSN). The full run is in bench/README.md.
+## bench: the bench's tests, then the quick benchmarks (a few minutes:
+## floor vs bmdb vs River, scale, contention, issue 39's matrix at M=1000,
+## go test -bench) against a throwaway PostgreSQL (or the one in BMDB_DSN).
+## The full run is in bench/README.md.
 bench:
-	scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick && BMDB_TEST_DSN="$$BMDB_DSN" go test -run "^$$" -bench . -benchtime 300x'
+	scripts/with-pg BMDB_DSN sh -c 'cd bench && BMDB_TEST_DSN="$$BMDB_DSN" go test -count=1 -run "^Test" . && go run . -quick && BMDB_TEST_DSN="$$BMDB_DSN" go test -run "^$$" -bench . -benchtime 300x'
 
-## bench-durable: the throughput tables and the K-process table again on a
+## bench-durable: the throughput tables and the matrix (quick) again on a
 ## cluster with PostgreSQL's durable settings (fsync, synchronous_commit on), which
 ## favour neither the system that commits least nor the one that commits most.
 bench-durable:
-	PG_DURABLE=1 scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick -only table,procs'
+	PG_DURABLE=1 scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -quick -only table,matrix'
+
+## bench-matrix: issue 39's matrix in full (M=6000, three rounds), on a
+## throwaway cluster with fsync off, then on a durable one: the run behind
+## bench/README.md's figures (about an hour on a 2-core machine).
+bench-matrix:
+	scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -only matrix'
+	PG_DURABLE=1 scripts/with-pg BMDB_DSN sh -c 'cd bench && go run . -only matrix'
 
 $(SQLC):
 	mkdir -p $(BIN)/sqlc.tmp

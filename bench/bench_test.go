@@ -52,14 +52,14 @@ func benchConn(b *testing.B) (*bmdb.Connection, *bmdb.Session, string) {
 
 // adminDSN returns the server's DSN (BMDB_TEST_DSN, or BMDB_DSN), or skips
 // b without one.
-func adminDSN(b *testing.B) string {
+func adminDSN(b testing.TB) string {
 	b.Helper()
 	admin := os.Getenv("BMDB_TEST_DSN")
 	if admin == "" {
 		admin = os.Getenv("BMDB_DSN")
 	}
 	if admin == "" {
-		b.Skip("set BMDB_TEST_DSN or BMDB_DSN to a PostgreSQL server to run the benchmarks (make bench starts one)")
+		b.Skip("set BMDB_TEST_DSN or BMDB_DSN to a PostgreSQL server to run the bench's tests and benchmarks (make bench starts one)")
 	}
 	return admin
 }

@@ -34,7 +34,9 @@ const (
 	sysBmdb       = "bmdb"
 	sysRiverPgx   = "river-pgx"
 	sysRiverSQL   = "river-sql"
-	sysRiverPgxTx = "river-tx" // River pgx, each job a transaction (benchTxWorker)
+	sysRiverPgxTx = "river-tx"    // River pgx, each job a transaction (benchTxWorker)
+	sysFloorItem  = "floor-item"  // the floor, one transaction per item (floors.go)
+	sysFloorBatch = "floor-batch" // the floor, one transaction per batch (floors.go)
 )
 
 // childConfig is what the parent tells a child.
@@ -70,6 +72,17 @@ type childResult struct {
 	// observation per machine claimed, from the WorkMany call to its
 	// return), upper bounds in seconds.
 	ClaimBuckets []bucket `json:"claim_buckets,omitempty"`
+	// Round trips and statements of the process's connections between
+	// "go" and "stop" (rtcount.go). The floors' TxRetries are their
+	// transactions run again after a 40001.
+	Counts rtSnapshot `json:"counts"`
+	// Final is Counts' round trips from "go" until the system stopped, when
+	// the floors have finished every round trip they started: there the
+	// two counts must agree.
+	Final rtSnapshot `json:"final"`
+	// CPU is the process's own CPU time (user and system) between "go"
+	// and "stop"; -1 where the platform does not say.
+	CPU time.Duration `json:"cpu"`
 }
 
 // bucket is one cumulative histogram bucket.
@@ -101,23 +114,31 @@ func runChild(cfg childConfig, in *bufio.Reader) childResult {
 		return res
 	}
 	ctx := context.Background()
+	rt := newRTCounter(cfg.DSN)
 	var (
-		start func(ctx context.Context) error
-		stop  func() error
+		start  func(ctx context.Context) error
+		stop   func() error
+		failed <-chan struct{} // closed if the system fails before "stop" (nil: never)
 	)
 	switch cfg.System {
 	case sysBmdb:
-		b, err := newBmdbChild(ctx, cfg, &res)
+		b, err := newBmdbChild(ctx, cfg, &res, rt)
 		if err != nil {
 			return fail(err)
 		}
-		start, stop = b.start, b.stop
+		start, stop, failed = b.start, b.stop, b.done
 	case sysRiverPgx, sysRiverSQL, sysRiverPgxTx:
-		r, err := newRiverChild(ctx, cfg, &res)
+		r, err := newRiverChild(ctx, cfg, &res, rt)
 		if err != nil {
 			return fail(err)
 		}
 		start, stop = r.start, r.stop
+	case sysFloorItem, sysFloorBatch:
+		f, err := newFloorChild(ctx, cfg, rt)
+		if err != nil {
+			return fail(err)
+		}
+		start, stop, failed = f.start, func() error { return f.stop(&res) }, f.failed
 	default:
 		return fail(fmt.Errorf("unknown system %q", cfg.System))
 	}
@@ -126,14 +147,31 @@ func runChild(cfg childConfig, in *bufio.Reader) childResult {
 		_ = stop()
 		return fail(fmt.Errorf("waiting for go: %q, %v", line, err))
 	}
+	before, cpu := rt.snapshot(), processCPU()
 	if err := start(ctx); err != nil {
 		_ = stop()
 		return fail(err)
 	}
-	_, _ = in.ReadString('\n') // "stop", or EOF if the parent died
+	stopped := make(chan struct{})
+	go func() {
+		_, _ = in.ReadString('\n') // "stop", or EOF if the parent died
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-failed:
+		// Report at once: the parent stops waiting for the run's end.
+	}
+	res.Counts = rt.snapshot().since(before)
+	res.CPU = -1
+	if cpu >= 0 {
+		res.CPU = processCPU() - cpu
+	}
 	if err := stop(); err != nil {
 		return fail(err)
 	}
+	final := rt.snapshot().since(before)
+	res.Final = rtSnapshot{RoundTrips: final.RoundTrips, Socket: final.Socket}
 	return res
 }
 
@@ -146,21 +184,28 @@ type bmdbChild struct {
 	res     *childResult
 	before  bmdb.Stats
 	cancel  context.CancelFunc
-	done    chan struct{}
+	done    chan struct{} // closed when Run returns
+	runErr  error         // what Run returned, once done is closed
 	retr    atomic.Int64
 	empty   atomic.Int64
 	lean    bool
 	process string
 }
 
-func newBmdbChild(ctx context.Context, cfg childConfig, res *childResult) (*bmdbChild, error) {
+func newBmdbChild(ctx context.Context, cfg childConfig, res *childResult, rt *rtCounter) (*bmdbChild, error) {
 	reg := prometheus.NewRegistry()
 	metrics, err := bmdb.NewMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
-	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: cfg.DSN, ComponentName: cfg.Name, SkipMigrations: true, Metrics: metrics})
+	conn, err := bmdb.Open(ctx, bmdb.Config{
+		DSN: cfg.DSN, ComponentName: cfg.Name, SkipMigrations: true, Metrics: metrics, WrapConnector: rt.wrap,
+	})
 	if err != nil {
+		return nil, err
+	}
+	if err := flushPool(ctx, conn.DB()); err != nil {
+		conn.Close()
 		return nil, err
 	}
 	b := &bmdbChild{conn: conn, reg: reg, res: res, lean: cfg.Lean, process: "bench", done: make(chan struct{})}
@@ -194,7 +239,7 @@ func (b *bmdbChild) start(ctx context.Context) error {
 	ctx, b.cancel = context.WithCancel(ctx)
 	go func() {
 		defer close(b.done)
-		_ = b.loop.Run(ctx)
+		b.runErr = b.loop.Run(ctx)
 	}()
 	return nil
 }
@@ -219,6 +264,9 @@ func (b *bmdbChild) stop() error {
 	r.Retrieves, r.EmptyRetrieves = b.retr.Load(), b.empty.Load()
 	var err error
 	r.ClaimBuckets, err = histogramBuckets(b.reg, "bmdb_claim_duration_seconds")
+	if b.runErr != nil {
+		return fmt.Errorf("worker.Loop.Run: %w", b.runErr)
+	}
 	return err
 }
 
@@ -267,7 +315,7 @@ type riverChild struct {
 	items       atomic.Int64
 }
 
-func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riverChild, error) {
+func newRiverChild(ctx context.Context, cfg childConfig, res *childResult, rt *rtCounter) (*riverChild, error) {
 	rc := &river.Config{
 		Queues:            map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: cfg.Workers}},
 		FetchCooldown:     cfg.Cooldown,
@@ -284,6 +332,7 @@ func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riv
 		if err != nil {
 			return nil, err
 		}
+		pcfg.ConnConfig.DialFunc, pcfg.AfterConnect, pcfg.ConnConfig.Tracer = rt.pgxDial, pgxStarted, pgxTally{c: rt}
 		workers := river.NewWorkers()
 		if cfg.System == sysRiverPgxTx {
 			// Each running job holds a connection for its transaction:
@@ -309,7 +358,7 @@ func newRiverChild(ctx context.Context, cfg childConfig, res *childResult) (*riv
 		r.close, r.startClient, r.stopClient = pool.Close, client.Start, client.Stop
 		r.events, r.cancel = client.SubscribeConfig(subscribe)
 	default:
-		db, err := openPool(cfg.DSN)
+		db, err := openCountingPool(cfg.DSN, rt)
 		if err != nil {
 			return nil, err
 		}

@@ -55,7 +55,7 @@ func dropDatabase(ctx context.Context, adminDSN, name string) error {
 // benchSchema is the bench's own tables in the bmdb database, beside bmdb's
 // (which bmdb.Open migrates): bench_pending is the application's "needs
 // work" tag that Finish's commit deletes; bench_floor is the floor's claim
-// table, shaped like work.
+// table, shaped like work; floorSchema's are the matrix's floors'.
 const benchSchema = `
 CREATE TABLE IF NOT EXISTS bench_pending (
     machine_id UUID PRIMARY KEY REFERENCES machines (machine_id) ON DELETE CASCADE,
@@ -66,11 +66,11 @@ CREATE TABLE IF NOT EXISTS bench_floor (
     machine_id UUID NOT NULL,
     process TEXT NOT NULL,
     PRIMARY KEY (machine_id, process)
-);`
+);` + floorSchema
 
 // resetSQL empties every table a run touches. Sessions stay: live ones
 // belong to running benchmarks, closed ones are already gone.
-const resetSQL = `TRUNCATE machines, work, work_history, work_backoff, bench_pending, bench_floor CASCADE`
+const resetSQL = `TRUNCATE machines, work, work_history, work_backoff, bench_pending, bench_floor, floor_work, floor_history CASCADE`
 
 // seedSQL creates $1 machines, oldest first, each pending with seq 1..$1.
 const seedSQL = `
@@ -140,4 +140,29 @@ func verify(ctx context.Context, db *sql.DB, process string) (check, error) {
 	var c check
 	err := db.QueryRowContext(ctx, exactlyOnceSQL, process).Scan(&c.one, &c.none, &c.many)
 	return c, err
+}
+
+// flushPool makes every backend of db's idle connections flush its
+// pending statistics (pgStatFlushSQL), so that what they did is in
+// pg_stat_database before a run's window opens rather than up to 10 s
+// into it. It holds all the pool's connections at once to reach each. A
+// server that does not allow the flush (before PostgreSQL 15, or a user
+// without the right) is left as it is.
+func flushPool(ctx context.Context, db *sql.DB) error {
+	n := db.Stats().OpenConnections
+	conns := make([]*sql.Conn, 0, n)
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range n {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			return err
+		}
+		conns = append(conns, c)
+		_, _ = c.ExecContext(ctx, pgStatFlushSQL)
+	}
+	return nil
 }

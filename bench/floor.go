@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"sync"
@@ -70,11 +71,21 @@ func runFloor(ctx context.Context, dsn string, db *sql.DB, n int) (result, error
 // openPool opens a pool on dsn through lib/pq, configured like a
 // bmdb.Connection's by default.
 func openPool(dsn string) (*sql.DB, error) {
+	return openCountingPool(dsn, nil)
+}
+
+// openCountingPool is openPool whose round trips and statements rt counts
+// (nil: none).
+func openCountingPool(dsn string, rt *rtCounter) (*sql.DB, error) {
 	connector, err := pq.NewConnector(dsn)
 	if err != nil {
 		return nil, err
 	}
-	pool := sql.OpenDB(connector)
+	var c driver.Connector = connector
+	if rt != nil {
+		c = rt.wrap(connector)
+	}
+	pool := sql.OpenDB(c)
 	pool.SetMaxIdleConns(32) // bmdb's default Config.MaxIdleConns
 	return pool, nil
 }

@@ -33,6 +33,9 @@ type config struct {
 	keep            bool
 	procs           []procRow
 	spread          []procRow // the processes of each spread row: N/K workers each
+	matrix          []procRow // the processes of each matrix row: N/K workers each
+	matrixSystems   []string
+	matrixMachines  int
 	pollMin         time.Duration
 	pollMax         time.Duration
 	sample          time.Duration
@@ -44,8 +47,8 @@ type config struct {
 
 func parseFlags() (config, error) {
 	var c config
-	var workers, scale, only, pk, procs, spread, dbPrefix string
-	quick := flag.Bool("quick", false, "the quick run of make bench: -machines 2000 -scale 10000,100000 -scale-claims 300 -contention-items 300 (explicit flags win)")
+	var workers, scale, only, pk, procs, spread, matrix, matrixSys, dbPrefix string
+	quick := flag.Bool("quick", false, "the quick run of make bench: -machines 2000 -matrix-machines 1000 -scale 10000,100000 -scale-claims 300 -contention-items 300 (explicit flags win)")
 	flag.StringVar(&c.dsn, "dsn", "", "PostgreSQL DSN of a user that may create databases (default $BMDB_DSN)")
 	flag.IntVar(&c.machines, "machines", 10000, "M: machines (and River jobs) per throughput run")
 	flag.StringVar(&workers, "workers", "1,8,32", "N: worker counts of the throughput table")
@@ -57,7 +60,10 @@ func parseFlags() (config, error) {
 	flag.IntVar(&c.scaleClaims, "scale-claims", 1000, "claim cycles measured per scale size")
 	flag.IntVar(&c.contentionItems, "contention-items", 2000, "machines claimed one at a time by 32 workers in the contention run")
 	flag.DurationVar(&c.riverCooldown, "river-cooldown", time.Millisecond, "River's FetchCooldown (its default is 100ms, which caps its throughput)")
-	flag.StringVar(&only, "only", "table,picks,scale,contention,spread,cap", "sections to run: table, picks, scale, contention, spread, procs, cap")
+	flag.StringVar(&only, "only", "table,picks,scale,contention,matrix,cap", "sections to run: table, picks, scale, contention, matrix, spread, procs, cap")
+	flag.StringVar(&matrix, "matrix", "1/1,8/1,8/2,8/4,8/8,32/1,32/2,32/4,32/8", "rows of the matrix section: N/K, N workers in all over K OS processes (N/K each; K must divide N)")
+	flag.StringVar(&matrixSys, "matrix-systems", strings.Join(matrixSystems, ","), "systems of the matrix section, in run order: bmdb, river-tx, floor-item, floor-batch")
+	flag.IntVar(&c.matrixMachines, "matrix-machines", 6000, "M: items per matrix run")
 	flag.StringVar(&spread, "spread", "8/1,8/2,8/4,8/8,32/1,32/2,32/4,32/8", "rows of the spread section: N/K, N workers in all over K OS processes (N/K each; K must divide N)")
 	flag.StringVar(&procs, "procs", "32x1,32x2,32x4,32x8,8x1,8x4", "rows of the procs section: NxK, K OS processes of N workers each")
 	flag.DurationVar(&c.pollMin, "poll-min", time.Millisecond, "worker.Config.PollMin of the spread and procs sections' bmdb processes")
@@ -80,7 +86,7 @@ func parseFlags() (config, error) {
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if *quick {
-		for name, v := range map[string]string{"machines": "2000", "scale": "10000,100000", "scale-claims": "300", "contention-items": "300"} {
+		for name, v := range map[string]string{"machines": "2000", "matrix-machines": "1000", "scale": "10000,100000", "scale-claims": "300", "contention-items": "300"} {
 			if !set[name] {
 				flag.Set(name, v)
 			}
@@ -100,6 +106,19 @@ func parseFlags() (config, error) {
 	if c.spread, err = parseSpreadRows(spread); err != nil {
 		return c, fmt.Errorf("-spread: %w", err)
 	}
+	if c.matrix, err = parseSpreadRows(matrix); err != nil {
+		return c, fmt.Errorf("-matrix: %w", err)
+	}
+	for _, s := range strings.Split(matrixSys, ",") {
+		s = strings.TrimSpace(s)
+		if !slices.Contains(matrixSystems, s) || slices.Contains(c.matrixSystems, s) {
+			return c, fmt.Errorf("-matrix-systems: %q is not one of %s, or named twice", s, strings.Join(matrixSystems, ", "))
+		}
+		c.matrixSystems = append(c.matrixSystems, s)
+	}
+	if c.matrixMachines < 1 {
+		return c, fmt.Errorf("-matrix-machines %d: want at least 1", c.matrixMachines)
+	}
 	if strings.Trim(dbPrefix, "abcdefghijklmnopqrstuvwxyz0123456789_") != "" {
 		return c, fmt.Errorf("-db-prefix %q: want lower-case letters, digits and _", dbPrefix)
 	}
@@ -111,7 +130,7 @@ func parseFlags() (config, error) {
 	c.only = map[string]bool{}
 	for _, s := range strings.Split(only, ",") {
 		s = strings.TrimSpace(s)
-		if !slices.Contains([]string{"table", "picks", "scale", "contention", "spread", "procs", "cap"}, s) {
+		if !slices.Contains([]string{"table", "picks", "scale", "contention", "matrix", "spread", "procs", "cap"}, s) {
 			return c, fmt.Errorf("-only: unknown section %q", s)
 		}
 		c.only[s] = true
@@ -218,6 +237,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if cfg.only["spread"] {
 		if err := runSpread(ctx, cfg, dsn, conn); err != nil {
+			return err
+		}
+	}
+	if cfg.only["matrix"] {
+		if err := runMatrix(ctx, cfg, dsn, conn); err != nil {
 			return err
 		}
 	}

@@ -351,21 +351,11 @@ WHERE process = 'bench' AND event = 'Started' GROUP BY component_name`)
 			return err
 		}
 	} else {
-		var once, other, left int
-		err := pb.river.db.QueryRowContext(ctx, `
-SELECT count(*) FILTER (WHERE state = 'completed' AND attempt = 1), count(*) FILTER (WHERE state <> 'completed' OR attempt <> 1),
-       (SELECT count(*) FROM bench_river_pending)
-FROM river_job`).Scan(&once, &other, &left)
+		v, once, err := checkRiver(ctx, pb.river.db, m, sys == sysRiverPgxTx)
 		if err != nil {
 			return err
 		}
-		ok = ok && once == m && other == 0
-		verdict = fmt.Sprintf("%d jobs completed at their first attempt, %d not", once, other)
-		if sys == sysRiverPgxTx {
-			// Every job deleted its row in the transaction that completed it.
-			ok = ok && left == 0
-			verdict += fmt.Sprintf("; %d rows of bench_river_pending left", left)
-		}
+		ok, verdict = ok && once, v
 	}
 	status := "OK"
 	if !ok {
@@ -437,7 +427,29 @@ type child struct {
 	stdin  io.WriteCloser
 	stdout *bufio.Reader
 	stderr bytes.Buffer // read after Wait
+	// line, once watch is called, receives the child's result line (or
+	// the error reading it): before "stop" only if the child failed.
+	line chan lineOrErr
 }
+
+type lineOrErr struct {
+	line string
+	err  error
+}
+
+// watch reads the child's result line in the background, so that ended
+// can tell whether it has ended before being told to stop.
+func (c *child) watch() {
+	c.line = make(chan lineOrErr, 1)
+	go func() {
+		line, err := c.stdout.ReadString('\n')
+		c.line <- lineOrErr{line, err}
+	}()
+}
+
+// ended reports whether a watched child has written its result (or
+// closed its stdout): it failed, if it was not told to stop.
+func (c *child) ended() bool { return len(c.line) > 0 }
 
 func startChild(ctx context.Context, exe string, cfg childConfig) (*child, error) {
 	spec, err := json.Marshal(cfg)
@@ -480,11 +492,38 @@ func (c *child) expect(want string, timeout time.Duration) error {
 
 // stop tells the child to stop, reads its result and waits for it.
 func (c *child) stop() (childResult, error) {
-	var res childResult
-	if _, err := io.WriteString(c.stdin, "stop\n"); err != nil {
-		return res, err
+	if err := c.sendStop(); err != nil {
+		return childResult{}, err
 	}
-	line, err := c.stdout.ReadString('\n')
+	return c.result()
+}
+
+// sendStop tells the child to stop: it takes its counters at once, then
+// stops.
+func (c *child) sendStop() error {
+	_, err := io.WriteString(c.stdin, "stop\n")
+	return err
+}
+
+// resultTimeout bounds how long a watched child may take to stop.
+const resultTimeout = time.Minute
+
+// result reads the result of a child told to stop, and waits for it.
+func (c *child) result() (childResult, error) {
+	var res childResult
+	var line string
+	var err error
+	if c.line != nil {
+		select {
+		case l := <-c.line:
+			line, err = l.line, l.err
+		case <-time.After(resultTimeout):
+			c.kill()
+			return res, fmt.Errorf("no result %v after stop; stderr: %s", resultTimeout, c.stderr.String())
+		}
+	} else {
+		line, err = c.stdout.ReadString('\n')
+	}
 	if err != nil {
 		_ = c.cmd.Wait()
 		return res, fmt.Errorf("reading its result: %w; stderr: %s", err, c.stderr.String())

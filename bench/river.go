@@ -217,3 +217,24 @@ func (r *riverBench) run(ctx context.Context, m, n int) (result, error) {
 	}
 	return result{items: m, elapsed: elapsed}, nil
 }
+
+// checkRiver is the exactly-once check of a River run of m jobs: each job
+// completed at its first attempt, and with pending (River tx) every row of
+// bench_river_pending deleted, by the transaction that completed its job.
+func checkRiver(ctx context.Context, db *sql.DB, m int, pending bool) (verdict string, ok bool, err error) {
+	var once, other, left int
+	err = db.QueryRowContext(ctx, `
+SELECT count(*) FILTER (WHERE state = 'completed' AND attempt = 1), count(*) FILTER (WHERE state <> 'completed' OR attempt <> 1),
+       (SELECT count(*) FROM bench_river_pending)
+FROM river_job`).Scan(&once, &other, &left)
+	if err != nil {
+		return "", false, err
+	}
+	ok = once == m && other == 0
+	verdict = fmt.Sprintf("%d jobs completed at their first attempt, %d not", once, other)
+	if pending {
+		ok = ok && left == 0
+		verdict += fmt.Sprintf("; %d rows of bench_river_pending left", left)
+	}
+	return verdict, ok, nil
+}

@@ -161,19 +161,6 @@ var (
 	spaces   = regexp.MustCompile(`\s+`)
 )
 
-// statementLabel names a statement: its sqlc name (bmdb's own statements),
-// else its first words.
-func statementLabel(q string) string {
-	if m := sqlcName.FindStringSubmatch(q); m != nil {
-		return m[1]
-	}
-	q = strings.TrimSpace(spaces.ReplaceAllString(q, " "))
-	if len(q) > 48 {
-		q = q[:48] + "…"
-	}
-	return q
-}
-
 // print writes the sampler's tallies: backends per statement and wait, who
 // blocked lock waiters, and the lock waits' lengths.
 func (s *waitTally) print(out io.Writer, top int) {
