@@ -3,6 +3,7 @@ package bmdb
 import (
 	"context"
 	"fmt"
+	"reflect"
 
 	"github.com/google/uuid"
 
@@ -35,6 +36,24 @@ func (t *Tx) Queries() *model.Queries { return t.r }
 // from that). Every statement run through it counts as a write after the
 // session's last check, which bmdb then checks again before COMMIT.
 func (t *Tx) DBTX() model.DBTX { return t.t.App() }
+
+// Once returns fn's result in the transaction: fn runs only if no earlier
+// call with an equal key (a comparable value, as a map key) returned one
+// without an error in the same attempt of the transaction; a retried
+// attempt starts with none. It shares a read among the callbacks that run
+// in one transaction, which are the calls of one batch: worker.Loop's
+// handlers run their common retrieval once per batch this way, rather than
+// once per claim. fn runs on the caller's goroutine; an error it returns is
+// returned and not remembered, so a later call runs fn again. What fn
+// returns is shared: a caller that changes it (shuffles a slice, say)
+// changes it for the others, so copy it first. A nil key or fn, or a key
+// that is not comparable, returns an error wrapping ErrInvalidArgument.
+func (t *Tx) Once(key any, fn func() (any, error)) (any, error) {
+	if key == nil || fn == nil || !reflect.ValueOf(key).Comparable() {
+		return nil, invalidArgument("Tx.Once: the key must be a comparable non-nil value and fn not nil (key %T)", key)
+	}
+	return t.t.Once(key, fn)
+}
 
 // CreateMachines inserts n new machines in the transaction and returns
 // their ids. It returns an error wrapping ErrInvalidArgument for n outside

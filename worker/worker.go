@@ -25,6 +25,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -672,14 +673,29 @@ func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*
 
 // retrieve is Config.Retrieve for a claim, with Candidates<<widen
 // candidates (at most 2^20), shuffled, so that loops of other processes
-// spread over them.
+// spread over them. The handlers' claims that share a batch share its
+// result (Tx.Once): one retrieval per batch and size, which each claim
+// shuffles its own way, and bmdb deals distinct candidates to them.
 func (l *Loop) retrieve(ctx context.Context, widen int) func(tx *bmdb.Tx) ([]uuid.UUID, error) {
 	candidates := int32(min(l.cfg.Candidates<<widen, 1<<20))
 	return func(tx *bmdb.Tx) ([]uuid.UUID, error) {
-		ids, err := l.cfg.Retrieve(ctx, tx, candidates)
+		shared, err := tx.Once(retrieval{l, candidates}, func() (any, error) {
+			return l.cfg.Retrieve(ctx, tx, candidates)
+		})
+		if err != nil {
+			return nil, err
+		}
+		ids := slices.Clone(shared.([]uuid.UUID))
 		rand.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
-		return ids, err
+		return ids, nil
 	}
+}
+
+// retrieval is the key of a Loop's retrieval of a number of candidates in
+// a transaction (Tx.Once).
+type retrieval struct {
+	l          *Loop
+	candidates int32
 }
 
 // countClaim counts a claim call's outcome: the machines it claimed, or,

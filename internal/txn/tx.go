@@ -25,9 +25,29 @@ type Tx struct {
 	opaque bool
 	// store is bmdb's statements on the Tx, made on first use.
 	store *store.Queries
+	// once holds Once's results, by key.
+	once map[any]any
 }
 
 func newTx(tx *sql.Tx) *Tx { return &Tx{sql: tx, checkedAt: -1} }
+
+// Once returns fn's result, running fn only if no earlier call of the
+// attempt with an equal key returned one without an error: a read several
+// callbacks of one batch share. An error is returned, not remembered.
+func (t *Tx) Once(key any, fn func() (any, error)) (any, error) {
+	if v, ok := t.once[key]; ok {
+		return v, nil
+	}
+	v, err := fn()
+	if err != nil {
+		return nil, err
+	}
+	if t.once == nil {
+		t.once = map[any]any{}
+	}
+	t.once[key] = v
+	return v, nil
+}
 
 // DBTX is the interface sqlc generates for database/sql.
 type DBTX interface {
