@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/lib/pq"
 )
 
 // Work.FinishAndWork: the Finish and the claim of the next machine share
@@ -157,5 +158,99 @@ func TestFinishAndWorkLostClaimsNothing(t *testing.T) {
 	}
 	if e.tagged(ids[0]) {
 		t.Error("a lost Finish's commit applied")
+	}
+}
+
+// Every outcome of FinishAndWork at once, in one batch (the calls queued
+// behind a held one): a claim part that claims, one that conflicts, one
+// that finds nothing, one that takes an expired session over, and an end
+// whose commit callback fails. Each call gets its own outcome; none undoes
+// another's end or claim.
+func TestFinishAndWorkOutcomesInOneBatch(t *testing.T) {
+	e, c, s := batchEnv(t)
+	ctx := context.Background()
+	machine := func(n int) []uuid.UUID {
+		var ids []uuid.UUID
+		for range n {
+			ids = append(ids, e.machine())
+		}
+		e.fence("install", ids...)
+		return ids
+	}
+	ended, next := machine(5), machine(4)
+	x := machine(1)[0] // the held batch's
+	var works []*Work
+	for _, m := range ended {
+		w, err := s.Work(ctx, "install", retrieveAll(m))
+		if err != nil {
+			t.Fatal(err)
+		}
+		works = append(works, w)
+	}
+	other := e.session(c)
+	if _, err := other.Work(ctx, "install", retrieveAll(next[1])); err != nil {
+		t.Fatal(err)
+	}
+	dead := e.session(e.open())
+	if _, err := dead.Work(ctx, "install", retrieveAll(next[3])); err != nil {
+		t.Fatal(err)
+	}
+	e.expireInDB(dead.ID(), time.Minute)
+
+	boom := errors.New("boom")
+	type outcome struct {
+		next          *Work
+		claimErr, err error
+	}
+	got := make([]outcome, len(works))
+	commits := []func(*Tx) error{
+		tagCommit(ended[0]), tagCommit(ended[1]), tagCommit(ended[2]), tagCommit(ended[3]),
+		func(*Tx) error { return boom },
+	}
+	retrievals := [][]uuid.UUID{{next[0]}, {next[1]}, {}, {next[3]}, {next[2]}}
+	var calls []func()
+	for i, w := range works {
+		calls = append(calls, func() {
+			n, ce, err := w.FinishAndWork(ctx, commits[i], retrieveAll(retrievals[i]...))
+			got[i] = outcome{n, ce, err}
+		})
+	}
+	behindHeldClaim(t, s, x, calls...)()
+
+	if o := got[0]; o.err != nil || o.claimErr != nil || o.next == nil || o.next.Machine() != next[0] {
+		t.Errorf("the call that claims: %+v", o)
+	}
+	if o := got[1]; o.err != nil || o.next != nil || !errors.Is(o.claimErr, ErrWorkConflict) {
+		t.Errorf("the call whose candidate another session holds: %+v, want its end and ErrWorkConflict", o)
+	}
+	if o := got[2]; o.err != nil || o.next != nil || !errors.Is(o.claimErr, ErrNothingToDo) {
+		t.Errorf("the call that finds nothing: %+v, want its end and ErrNothingToDo", o)
+	}
+	if o := got[3]; o.err != nil || o.claimErr != nil || o.next == nil || o.next.Machine() != next[3] {
+		t.Errorf("the call that meets an expired claim: %+v, want it taken over", o)
+	}
+	if o := got[4]; !errors.Is(o.err, boom) || o.next != nil || o.claimErr != nil {
+		t.Errorf("the call whose commit fails: %+v, want its error alone", o)
+	}
+	for i := range 4 {
+		if !e.tagged(ended[i]) || e.count("SELECT count(*) FROM work_history WHERE machine_id = $1 AND event = 'Finished'", ended[i]) != 1 {
+			t.Errorf("call %d's end did not commit once", i)
+		}
+	}
+	if n := e.count("SELECT count(*) FROM work WHERE machine_id = $1", next[2]); n != 0 {
+		t.Error("the failed end's claim part was made")
+	}
+	if got := e.events(next[3], dead, s); !slicesEqual(got, "install:Started@1", "install:Abandoned@1", "install:Started@2") {
+		t.Errorf("history of the machine taken over = %v", got)
+	}
+	if err := works[4].Finish(ctx, noCommit); err != nil {
+		t.Errorf("the Work whose FinishAndWork failed: %v, want it still open", err)
+	}
+	if sizes := e.startedPerTransaction(s); len(sizes) < 2 {
+		t.Errorf("claim transactions %v", sizes)
+	}
+	if n := e.count(`SELECT count(DISTINCT `+txKey()+`) FROM work_history
+		WHERE event = 'Finished' AND machine_id = ANY ($1)`, pq.Array(ended[:4])); n != 1 {
+		t.Errorf("the four ends committed in %d transactions, want one batch", n)
 	}
 }
