@@ -359,9 +359,8 @@ func (f *floorChild) attempt(ctx context.Context, ends []string, worker string, 
 	if ended != len(ends) {
 		return nil, fmt.Errorf("floor: %d of the %d claims of %s to end were gone", len(ends)-ended, len(ends), worker)
 	}
-	app := tx.StmtContext(ctx, f.app)
 	for _, m := range ends {
-		res, err := app.ExecContext(ctx, m)
+		res, err := tx.StmtContext(ctx, f.app).ExecContext(ctx, m)
 		if err != nil {
 			return nil, err
 		}

@@ -304,7 +304,10 @@ func packageConsts(files []*ast.File) map[string]bool {
 // SAVEPOINT statements, ensureTable (package migrations' lock.go) runs
 // the CREATE TABLE it is handed, and querySetting (internal/dbconn's
 // pins.go) the settings statement it is handed; execSplit (faults.go)
-// the bench's waitUntil polls the constant query it is given, and
+// the bench's waitUntil and poller.wait (matrix.go) poll the constant
+// query they are given, its rtcount.go is a driver wrapper counting the
+// round trips of the queries it forwards, the chaos harness's
+// commitTimes (reclaim.go) runs the constant query it is given, and
 // cockroach mode's emulator (crdbmode's emulator.go, test tooling) passes
 // every query on and runs the statements of migration files, a probe of
 // a session row by its parsed UUID and BEGIN with constant options, and
@@ -315,7 +318,7 @@ func packageConsts(files []*ast.File) map[string]bool {
 // the statements of migration files (Run).
 var forwarders = map[string]bool{
 	"netconn.go:*": true, "stmtcache.go:*": true, "tx.go:*": true, "attempt.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
-	"procs.go:waitUntil": true, "locking.go:lockAtFetch": true, "ddl.go:execScript": true, "ddl.go:queryInt": true, "driver.go:Run": true,
+	"procs.go:waitUntil": true, "matrix.go:wait": true, "rtcount.go:*": true, "reclaim.go:commitTimes": true, "locking.go:lockAtFetch": true, "ddl.go:execScript": true, "ddl.go:queryInt": true, "driver.go:Run": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query
@@ -356,6 +359,11 @@ func checkSQLCalls(t *testing.T, fset *token.FileSet, f *ast.File, consts map[st
 		}
 		if pkg, ok := sel.X.(*ast.Ident); ok && imports[pkg.Name] {
 			return true
+		}
+		if prep, ok := sel.X.(*ast.CallExpr); ok {
+			if ps, ok := prep.Fun.(*ast.SelectorExpr); ok && (ps.Sel.Name == "StmtContext" || ps.Sel.Name == "Stmt") {
+				return true // a prepared statement's call takes arguments, not a query
+			}
 		}
 		i, ok := sqlMethods[sel.Sel.Name]
 		if !ok || len(call.Args) <= i {
