@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/bmdb-dev/bmdb/internal/txn"
 )
 
 // check runs every check over the database, the workers' histories and
@@ -366,12 +368,22 @@ func (lb *liveness) delayOf(from, to time.Time) time.Duration {
 	return lb.delays.during(from, to).allowance()
 }
 
+// afterOutage is how late the fleet may resume claiming after an outage
+// or overload ends: a claim loop that failed during it may be sleeping
+// its longest poll (pollMax), and then the transaction that fails first
+// waits up to the runner's longest retry delay before its next attempt.
+const afterOutage = pollMax + txn.RetryCap
+
 // allowed returns bound widened for the window [from, to], and how.
 func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Duration, string) {
 	out := lb.outages.overlap(from, to)
+	var resume time.Duration
+	if out > 0 {
+		resume = afterOutage
+	}
 	m := lb.delays.during(from, to)
-	return bound + out + m.allowance(), fmt.Sprintf("bound %v, + %v database outage or overload, + %d x %v timer lateness + %d x %v round trip + %v connecting, the worst measured then",
-		bound, out.Round(time.Millisecond), wakeUps, m.late.Round(time.Millisecond), roundTrips, m.roundTrip.Round(time.Millisecond), m.connect.Round(time.Millisecond))
+	return bound + out + resume + m.allowance(), fmt.Sprintf("bound %v, + %v database outage or overload and %v resuming after it, + %d x %v timer lateness + %d x %v round trip + %v connecting, the worst measured then",
+		bound, out.Round(time.Millisecond), resume, wakeUps, m.late.Round(time.Millisecond), roundTrips, m.roundTrip.Round(time.Millisecond), m.connect.Round(time.Millisecond))
 }
 
 // outageWindows are the database's restarts and the operator's locks of
