@@ -17,7 +17,8 @@
 // transaction's own idle timeout that changes nothing, and migration
 // scripts run as the emulated version runs them (one transaction that
 // refuses what CockroachDB refuses in one, or one commit per statement
-// with autocommit_before_ddl on: ddl.go).
+// with autocommit_before_ddl on: ddl.go), and, if asked, a role's
+// disallow_full_table_scans (fullscan.go).
 //
 // It does not reproduce CockroachDB's clocks, its schema changer, its
 // per-key conflicts or its transaction heartbeats: see docs/cockroachdb.md.
@@ -37,10 +38,11 @@ import (
 
 // EnvVar turns the mode on for a test binary: "1" for the defaults, or a
 // comma-separated list of key=value among retry=RATE, ambiguous=RATE,
-// closedts=DURATION, seed=N, version=MAJOR.MINOR, clockoffset=DURATION
-// and autocommit=on|off (rates in [0, 1]; versions as ParseVersion takes
-// them; autocommit is the role's autocommit_before_ddl,
-// Settings.AutocommitBeforeDDL).
+// closedts=DURATION, seed=N, version=MAJOR.MINOR, clockoffset=DURATION,
+// autocommit=on|off and fullscans=on|off (rates in [0, 1]; versions as
+// ParseVersion takes them; autocommit is the role's autocommit_before_ddl,
+// Settings.AutocommitBeforeDDL; fullscans=off is the role's
+// disallow_full_table_scans, Settings.DisallowFullTableScans).
 const EnvVar = "BMDB_TEST_COCKROACH"
 
 // Defaults of the injection rates, per statement inside a transaction
@@ -91,6 +93,10 @@ type Settings struct {
 	// have the setting (24.1 and later). nil: the version's default, on
 	// from 25.1.
 	AutocommitBeforeDDL *bool
+	// DisallowFullTableScans is the role's disallow_full_table_scans: each
+	// of bmdb's statements whose plan needs a full scan fails as on
+	// CockroachDB (fullscan.go).
+	DisallowFullTableScans bool
 }
 
 // ClosedTimestampTarget returns s.ClosedTimestamp with its default
@@ -134,8 +140,13 @@ func FromEnv() (Settings, error) {
 				s.ClockOffset, err = time.ParseDuration(value)
 			case "autocommit":
 				s.AutocommitBeforeDDL, err = onOff(value)
+			case "fullscans":
+				var allowed *bool
+				if allowed, err = onOff(value); err == nil {
+					s.DisallowFullTableScans = !*allowed
+				}
 			default:
-				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed, version, clockoffset or autocommit)", key)
+				err = fmt.Errorf("unknown key %q (want retry, ambiguous, closedts, seed, version, clockoffset, autocommit or fullscans)", key)
 			}
 			if err != nil {
 				return Settings{}, fmt.Errorf("%s: %w", EnvVar, err)
@@ -155,7 +166,7 @@ func onOff(v string) (*bool, error) {
 	case "off":
 		return new(false), nil
 	}
-	return nil, fmt.Errorf("autocommit %q is not on or off", v)
+	return nil, fmt.Errorf("%q is not on or off", v)
 }
 
 func rate(v string) (float64, error) {

@@ -320,6 +320,12 @@ func (c *conn) intercept(ctx context.Context, query string, args []driver.NamedV
 	if done, err := c.setSession(ctx, q); done {
 		return true, driver.RowsAffected(0), err
 	}
+	if c.e.s.DisallowFullTableScans && strings.HasPrefix(q, "-- name: ") {
+		rq, rargs := placeholders(c.e.rewrite(query), args)
+		if err := c.checkFullScans(ctx, rq, rargs); err != nil {
+			return true, nil, err
+		}
+	}
 	if c.tx == nil {
 		switch {
 		case strings.Contains(q, spreadCheckMark):
@@ -340,6 +346,7 @@ func (c *conn) intercept(ctx context.Context, query string, args []driver.NamedV
 		return true, driver.RowsAffected(0), nil
 	case sqlAllowFullScans:
 		_, err := c.pq.ExecContext(ctx, "SET LOCAL "+placeholderPrefix+"disallow_full_table_scans = off", nil)
+		c.tx.fullScansAllowed = err == nil
 		return true, driver.RowsAffected(0), err
 	case sqlSavepoint:
 		c.tx.crdb = true
@@ -578,6 +585,9 @@ type tx struct {
 	committed bool      // committed at RELEASE: COMMIT commits nothing
 	crdb      bool      // it runs through crdb (SAVEPOINT cockroach_restart), which retries
 	bmdb      bool      // it ran one of bmdb's statements (sqlc's "-- name: " comment)
+	// fullScansAllowed: it ran SET LOCAL disallow_full_table_scans = off
+	// (fullscan.go).
+	fullScansAllowed bool
 }
 
 // begin starts a new PostgreSQL transaction with t's options and crdb's
@@ -605,6 +615,7 @@ func (t *tx) begin(ctx context.Context) error {
 // restart is ROLLBACK TO SAVEPOINT cockroach_restart: the transaction runs
 // again, with a new snapshot.
 func (t *tx) restart(ctx context.Context) error {
+	t.fullScansAllowed = false // the restart rolls back what the transaction SET LOCAL
 	if t.open {
 		if _, err := t.c.pq.ExecContext(ctx, "ROLLBACK", nil); err != nil {
 			return err
