@@ -29,16 +29,18 @@
 // an expired session as none (model's MachinesWithoutWork, the README's),
 // a live session of the process claims each of those machines again
 // within about one SessionInterval after that deadline, on both engines,
-// however many free machines wait: a claim statement that finds claims of
+// however many free machines wait behind them in the retrieval's order
+// (oldest first in the README's: a dead worker's machines were taken
+// before those that still wait): a claim statement that finds claims of
 // expired sessions among its candidates takes those sessions over first
 // (Abandoned, then Started with the next fencing token). A retrieval that
 // skips every claim row, live or not, never offers them; for it, each
 // session's claims of a process also sweep the process's expired claims
 // once every quarter interval, so that they end about that soon after the
-// deadline while a live session claims for the process, and the next
-// retrieval returns the machines; garbage collection ends them anyway
-// about GCGracePeriod + GCPeriod after the deadline (two intervals by
-// default). Under a cap, a claim that finds no free slot takes over the
+// deadline while a live session claims for the process, and retrievals
+// return the machines again, in their order; garbage collection ends
+// them anyway about GCGracePeriod + GCPeriod after the deadline (two
+// intervals by default). Under a cap, a claim that finds no free slot takes over the
 // expired sessions holding slots. Stats.ClaimsTakenOver counts the claims
 // ended by takeovers; the chaos harness (cmd/bmdb-chaos) prints measured
 // reclaim times (TestDeadWorkersMachinesWorkedAgainWithinAnInterval,
