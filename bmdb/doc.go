@@ -214,9 +214,12 @@
 //   - Fencing, the last check before COMMIT, ambiguous COMMITs and the
 //     isolation of a failing call are as described above.
 //
-// What is weaker than SERIALIZABLE: write skew between a retrieval or a
-// commit callback and another transaction that writes rows this one read
-// but did not write, and reads what this one writes. Say an operator's
+// What is weaker than SERIALIZABLE, on PostgreSQL only (CockroachDB's
+// batches are SERIALIZABLE, which orders the two sides below; FOR SHARE
+// is a plain read there, and the first remedy is not needed): write skew
+// between a retrieval or a commit callback and another transaction that
+// writes rows this one read but did not write, and reads what this one
+// writes. Say an operator's
 // tool quarantines a machine only if no process works on it, and a claim's
 // retrieval skips quarantined machines: the tool may find no claim while
 // the retrieval finds no quarantine, and both commit, so that a
