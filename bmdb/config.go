@@ -106,10 +106,13 @@ type Config struct {
 	// more than GCGracePeriod ago (recording Abandoned history for their
 	// claims). Each wait is jittered by up to 25%. Claims of expired
 	// sessions do not wait for it: the first claim that meets one among its
-	// candidates takes its session over. It bounds how long a dead
-	// session's machines wait for an application's retrieval that skips
-	// every claim row, expired or not: about GCGracePeriod + GCPeriod after
-	// the session's deadline. Each pass scans the sessions table (on
+	// candidates takes its session over, and a session's claims of a
+	// process sweep the process's expired claims every quarter interval
+	// (see the package doc). It bounds how long a dead session's machines
+	// wait for an application's retrieval that skips every claim row,
+	// expired or not, even when no live session claims for the process
+	// meanwhile: about GCGracePeriod + GCPeriod after the session's
+	// deadline. Each pass scans the sessions table (on
 	// CockroachDB at follower_read_timestamp()): a fleet of thousands of
 	// components may raise it. Must be positive when set. Defaults to
 	// SessionInterval.

@@ -22,6 +22,30 @@
 // Abandoned, and takes the machine. Expired sessions nobody took over are
 // deleted by garbage collection that every live session runs periodically.
 //
+// How soon a dead worker's machines are worked again: its session expires
+// at its deadline on the database clock, at most one SessionInterval after
+// its last successful heartbeat, and from then on its claims count for
+// nothing. With the default Config and a retrieval that treats a claim of
+// an expired session as none (model's MachinesWithoutWork, the README's),
+// a live session of the process claims each of those machines again
+// within about one SessionInterval after that deadline, on both engines,
+// however many free machines wait behind them in the retrieval's order
+// (oldest first in the README's: a dead worker's machines were taken
+// before those that still wait): a claim statement that finds claims of
+// expired sessions among its candidates takes those sessions over first
+// (Abandoned, then Started with the next fencing token). A retrieval that
+// skips every claim row, live or not, never offers them; for it, each
+// session's claims of a process also sweep the process's expired claims
+// once every quarter interval, so that they end about that soon after the
+// deadline while a live session claims for the process, and retrievals
+// return the machines again, in their order; garbage collection ends
+// them anyway about GCGracePeriod + GCPeriod after the deadline (two
+// intervals by default). Under a cap, a claim that finds no free slot takes over the
+// expired sessions holding slots. Stats.ClaimsTakenOver counts the claims
+// ended by takeovers; the chaos harness (cmd/bmdb-chaos) prints measured
+// reclaim times (TestDeadWorkersMachinesWorkedAgainWithinAnInterval,
+// TestExpiredClaimsSlotIsTakenOver).
+//
 // Every transaction re-checks its session. Session.Transact runs
 // SERIALIZABLE transactions, and the batches of Work, WorkMany, Finish,
 // Cancel and Fail run at snapshot isolation on PostgreSQL (see
@@ -30,7 +54,9 @@
 // it in its first claim statement), and, as its last statement before
 // COMMIT, checks the local deadline and the database clock again (a
 // batch's last claim or Finish statement does it as it runs, when it
-// comes last, after the commit callbacks); Finish, Cancel and Fail also
+// comes last, after the commit callbacks; any statement after the last
+// check brings the check back, by construction: docs/engine.md); Finish,
+// Cancel and Fail also
 // delete their claim only if this session still holds it. A takeover or
 // GC deletes the superseded session's row, and that write orders it
 // against every open transaction of the session, by a mechanism that
@@ -103,21 +129,21 @@
 //
 // # Batches
 //
-// A session runs its claims and ends of each process through one
-// goroutine, the process's batcher, started on first use and ended with
-// the session. Work, WorkMany, Finish, Cancel and Fail hand it a request
-// and wait for their own reply. The batcher takes what is waiting, up to
-// Config.MaxBatchSize requests, and runs one transaction for it, a batch
-// (each attempt also takes in the calls that arrived while it began),
+// A session runs its claims and ends of each process in shared
+// transactions, batches, on its callers' goroutines (docs/engine.md has
+// the mechanism): a call that finds no batch of its process running runs
+// one itself, with whatever waits, so a call alone runs its own batch;
+// calls that arrive while Config.MaxConcurrentBatches batches run wait,
+// and the next batch, run by one of them, takes in up to
+// Config.MaxBatchSize of them (each attempt also takes in the calls that
+// arrived while it began),
 // with one multi-row statement per kind of end and per round of claims:
 // the claims first, each request's retrieve and then its claims, right
 // after the snapshot the retrievals read; then the ends; then, for claims
 // that want more, the machines those ends freed. Each claim gets machines
 // no other claim of the batch got. Batches form from what waits while the
 // previous one runs: no timer adds latency at low load, and at high load
-// one transaction serves many calls. While a batch runs and calls wait
-// that it did not take in, the batcher starts another batch for them, on
-// another connection, up to Config.MaxConcurrentBatches at once.
+// one transaction serves many calls.
 //
 // Each call gets its own outcome, nil only once its batch committed, and
 // one call's failure is its own: a lost claim fails only its end
@@ -129,9 +155,10 @@
 // COMMIT the batch's claims are looked up: if any is held, the batch
 // committed. A call whose ctx ends while it waits leaves without effect;
 // once its batch has begun, it waits for the outcome, which the session and
-// the latest deadline of the batch's calls bound. Callbacks run on a batch
-// goroutine, so they must not call Work or the ends of the same session
-// and process: they would wait for their own batch.
+// the latest deadline of the batch's calls bound. Callbacks run on the
+// goroutine running the batch, which may be another caller's, so they
+// must not call Work or the ends of the same session and process: they
+// would wait for their own batch.
 //
 // Claims of different processes (sessions, connections, hosts) neither
 // wait for nor abort each other unless they touch the same (machine,
@@ -147,10 +174,9 @@
 // whose candidates were all taken returns ErrWorkConflict, which tells
 // "others hold or are taking these" from ErrNothingToDo. A pair's claim
 // row is made before its first claim, outside any claim transaction, so
-// that no claim waits for another's insert of it: from the candidates
-// retrievals return, on a goroutine of the batcher's, and, for a claim
-// that finds nothing but pairs without one, on the spot, after which that
-// batch runs again with a new snapshot.
+// that no claim waits for another's insert of it: when a claim statement
+// reports candidates without one, they are made in a statement of their
+// own, and that batch runs again with a new snapshot.
 //
 // worker.Loop relies on batches: it claims for all its free handlers in
 // one WorkMany, a handler's slot is free again as soon as its work is
@@ -188,9 +214,12 @@
 //   - Fencing, the last check before COMMIT, ambiguous COMMITs and the
 //     isolation of a failing call are as described above.
 //
-// What is weaker than SERIALIZABLE: write skew between a retrieval or a
-// commit callback and another transaction that writes rows this one read
-// but did not write, and reads what this one writes. Say an operator's
+// What is weaker than SERIALIZABLE, on PostgreSQL only (CockroachDB's
+// batches are SERIALIZABLE, which orders the two sides below; FOR SHARE
+// is a plain read there, and the first remedy is not needed): write skew
+// between a retrieval or a commit callback and another transaction that
+// writes rows this one read but did not write, and reads what this one
+// writes. Say an operator's
 // tool quarantines a machine only if no process works on it, and a claim's
 // retrieval skips quarantined machines: the tool may find no claim while
 // the retrieval finds no quarantine, and both commit, so that a
@@ -216,20 +245,26 @@
 // claim whose snapshot is older than the change fails to lock the row
 // (first committer wins: it runs again and sees the change); on
 // CockroachDB the lock is a plain read and SERIALIZABLE orders each claim
-// before or after the change. So no claim of a paused process commits
-// after the pause did; claims held end normally, and GC still ends an
+// before or after the change, so a claim that read the row before the
+// change may still commit after it on the wall clock: PauseProcess (and a
+// new or lowered cap) returns there only once such claims can no longer
+// commit (its doc says how long it waits, and the one exception, a client
+// stalled before its COMMIT). So no claim of a paused process commits
+// after PauseProcess returned; claims held end normally, and GC still ends an
 // expired session's claims as Abandoned, but nobody claims them again
 // until the resume. Under a cap of N each claim takes one of the slot
 // numbers 0..N-1 that no live claim holds (a unique key on the work
-// table: never more than N live claims, whatever the races; slots are
-// locked SKIP LOCKED, so claims do not wait for each other), and an end or
+// table: never more than N live claims, whatever the races; on PostgreSQL
+// free slots are locked SKIP LOCKED, on CockroachDB none is locked and
+// the unique key arbitrates, so claims do not wait for each other but for
+// a claim of the same slot), and an end or
 // an Abandoned claim frees its slot. After the cap is lowered, new claims
 // wait until no live claim holds a slot at or above it. Work returns
 // ErrProcessPaused or ErrCapReached then, both ErrNothingToDo to code
 // that does not tell them apart. The controls row is the one row every
 // claim of a process reads; claims never write it (CockroachDB: no hot
-// row written per claim), and a process's claims lock as many slot rows
-// as they claim machines. Changes are recorded in process_control_history,
+// row written per claim), and a claim locks no more slot rows than it
+// claims machines (on CockroachDB, none). Changes are recorded in process_control_history,
 // and the view process_status shows each process's controls and live
 // claims.
 //
