@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/bmdb-dev/bmdb/internal/lease"
 	"github.com/bmdb-dev/bmdb/internal/store"
 	"github.com/bmdb-dev/bmdb/internal/txn"
@@ -23,6 +25,7 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 	ctx, stop := e.lease.Bound(bound.ctx)
 	defer stop()
 	var claims []*request
+	tok := &pickToken{}
 	err := e.runner.Run(ctx, e.cfg.Isolation, e.lease, func(tx *txn.Tx) error {
 		// Calls join before the attempt's first statement: a Finish of a
 		// claim that another batch committed must see it in its snapshot.
@@ -31,11 +34,24 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 		}
 		var ends []*request
 		claims, ends = split(reqs)
-		return q.attempt(ctx, tx, claims, ends)
+		q.picks.begin(tok)
+		return q.attempt(ctx, tx, tok, claims, ends)
 	})
 	if errors.Is(err, txn.ErrAmbiguousCommit) && len(claims) > 0 {
 		err = q.resolveClaims(ctx, claims, err) // nil: a claim is held, the transaction committed
 	}
+	if err == nil {
+		// Noted before its offers are released, so that no attempt whose
+		// snapshot predates the commit offers them in between.
+		var claimed []uuid.UUID
+		for _, r := range claims {
+			for _, c := range r.claim.Claims {
+				claimed = append(claimed, c.Machine)
+			}
+		}
+		q.picks.committed(claimed)
+	}
+	q.picks.release(tok)
 	q.settle(bound.ctx, reqs, err)
 }
 
@@ -44,13 +60,13 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 // first claim statement), then the ends, then claims of the machines those
 // ends freed. The check before COMMIT follows (Run's guard, the lease),
 // unless the attempt's last statement checked the session.
-func (q *queue) attempt(ctx context.Context, tx *txn.Tx, claims, ends []*request) error {
+func (q *queue) attempt(ctx context.Context, tx *txn.Tx, tok *pickToken, claims, ends []*request) error {
 	for _, r := range append(claims, ends...) {
 		r.suspect, r.claimFailed, r.panicked = false, false, nil
 	}
 	var cp *claimPass
 	if len(claims) > 0 {
-		cp = q.newClaimPass(claims)
+		cp = q.newClaimPass(claims, tok)
 		if err := cp.run(ctx, tx); err != nil {
 			return err
 		}

@@ -30,6 +30,7 @@ const loneOffer = 16
 // Owned by the goroutine running the batch.
 type claimPass struct {
 	q          *queue
+	tok        *pickToken // the batch's place in the queue's pick book
 	reqs       []*request
 	candidates [][]uuid.UUID      // each call's, distinct, in its order
 	used       map[uuid.UUID]bool // candidates offered to a claim statement
@@ -45,8 +46,8 @@ type claimPass struct {
 	abandoned       []string // processes of the claims its takeovers ended
 }
 
-func (q *queue) newClaimPass(reqs []*request) *claimPass {
-	return &claimPass{q: q, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{},
+func (q *queue) newClaimPass(reqs []*request, tok *pickToken) *claimPass {
+	return &claimPass{q: q, tok: tok, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{},
 		unfenced: map[uuid.UUID]bool{}}
 }
 
@@ -126,7 +127,7 @@ func (p *claimPass) rounds(ctx context.Context, tx *txn.Tx, may func(uuid.UUID) 
 			}
 			for ; offer > 0 && need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
 				m := p.candidates[i][next[i]]
-				if p.used[m] || p.unfenced[m] || !may(m) {
+				if p.used[m] || p.unfenced[m] || !may(m) || !p.q.picks.offer(p.tok, m) {
 					continue
 				}
 				p.used[m], owner[m] = true, r.claim

@@ -41,6 +41,8 @@ type queue struct {
 	runners int        // guarded by mu: places taken
 
 	lastSweep atomic.Int64 // when a claim last swept the process's expired claims (sweepDue), in Unix nanoseconds
+
+	picks pickBook // what its batches running at once offer and claimed (picks.go)
 }
 
 // do queues r, runs batches if a runner's place is free or handed to it,

@@ -1,0 +1,110 @@
+package claims
+
+import (
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// pickBook is what the batches of one queue that run at once tell each
+// other about their candidates: the machines an attempt in flight offered
+// to a claim statement, and the machines the queue's batches claimed
+// lately, with when they committed. The claims of one batch share one
+// retrieval (worker.Loop's, through Tx.Once), and so do those of the batch
+// beside it: without the book both pick among the same machines, and on
+// PostgreSQL at snapshot isolation a batch whose snapshot predates the
+// other's commit finds its pick stale and runs again, every call of it
+// (ClaimsStale), over and over while the other keeps committing. With it
+// a batch offers neither what the other offered nor what a batch claimed
+// after its attempt began. The database still arbitrates every claim: the
+// book only steers the picks of one session's batches, never what is
+// safe. Safe for concurrent use.
+type pickBook struct {
+	mu      sync.Mutex
+	picking map[uuid.UUID]*pickToken // offered by an attempt in flight
+	claimed map[uuid.UUID]time.Time  // claimed by a batch that committed then
+	order   []claimedAt              // claimed's entries, oldest first
+}
+
+// pickToken is one batch's place in the book: what its attempt in flight
+// offered, and when that attempt began. Owned by the batch's goroutine;
+// offered is guarded by the book's mu.
+type pickToken struct {
+	start   time.Time
+	offered []uuid.UUID
+}
+
+type claimedAt struct {
+	machine uuid.UUID
+	at      time.Time
+}
+
+// pickMemory is how long the book remembers a claim: longer than an
+// attempt of a batch may last (txn's bound on one attempt), after which a
+// stale pick costs no more than a retry.
+const pickMemory = 10 * time.Second
+
+// begin starts a new attempt of tok's batch: what its last attempt
+// offered is free to others again.
+func (b *pickBook) begin(tok *pickToken) {
+	b.release(tok)
+	tok.start = time.Now()
+}
+
+// offer reports whether tok's attempt may offer m, and if so notes it:
+// not if another attempt in flight offered it, nor if a batch claimed it
+// after tok's attempt began (its snapshot may predate that commit).
+func (b *pickBook) offer(tok *pickToken, m uuid.UUID) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.picking == nil {
+		b.picking, b.claimed = map[uuid.UUID]*pickToken{}, map[uuid.UUID]time.Time{}
+	}
+	if owner, ok := b.picking[m]; ok {
+		return owner == tok
+	}
+	if at, ok := b.claimed[m]; ok && !at.Before(tok.start) {
+		return false
+	}
+	b.picking[m] = tok
+	tok.offered = append(tok.offered, m)
+	return true
+}
+
+// release frees what tok's attempt offered.
+func (b *pickBook) release(tok *pickToken) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range tok.offered {
+		if b.picking[m] == tok {
+			delete(b.picking, m)
+		}
+	}
+	tok.offered = tok.offered[:0]
+}
+
+// committed notes the machines a batch claimed, as of now, and forgets
+// claims older than pickMemory.
+func (b *pickBook) committed(machines []uuid.UUID) {
+	if len(machines) == 0 {
+		return
+	}
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.picking == nil {
+		b.picking, b.claimed = map[uuid.UUID]*pickToken{}, map[uuid.UUID]time.Time{}
+	}
+	for _, m := range machines {
+		b.claimed[m] = now
+		b.order = append(b.order, claimedAt{m, now})
+	}
+	i := 0
+	for ; i < len(b.order) && now.Sub(b.order[i].at) > pickMemory; i++ {
+		if at := b.claimed[b.order[i].machine]; at.Equal(b.order[i].at) {
+			delete(b.claimed, b.order[i].machine)
+		}
+	}
+	b.order = b.order[i:]
+}
