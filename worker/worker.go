@@ -18,6 +18,14 @@
 // whose later stages work on what earlier ones finished, runs them with
 // RunAll: with Config.StopWhenIdle they stop together, once all of them
 // are idle at once, not each when it alone is.
+//
+// With the Connection's bmdb.Config.TracerProvider set, a Loop traces
+// each claim call as a worker.claim span and each machine's handling as a
+// worker.handle span (bmdb.process, bmdb.machine, bmdb.claim_id,
+// bmdb.fencing_token, bmdb.outcome: finished, failed, canceled, lost),
+// both children of the span of Run's context. The Handler's context
+// carries the worker.handle span, which links to the span of the batch
+// transaction that claimed the machine, and the claim's end is its child.
 package worker
 
 import (
