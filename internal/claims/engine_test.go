@@ -150,19 +150,23 @@ func TestLoneCallRunsItsOwnBatch(t *testing.T) {
 func TestWaitingCallsShareABatch(t *testing.T) {
 	e := newTestEngine(t, nil)
 	ids := e.machines(t, 6)
-	release := make(chan struct{})
+	release, retrieving := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	first := &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) {
+		once.Do(func() { close(retrieving) })
 		<-release
 		return ids[:1], nil
 	}}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = e.Do(context.Background(), "p", first, nil) })
-	testdb.Eventually(t, 5*time.Second, "the first batch to run", func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		q := e.queues["p"]
-		return q != nil && q.runners == 1 && len(q.waiting) == 0
-	})
+	// The first batch is in its attempt, past the join at its start: the
+	// calls made now wait for the next batch.
+	select {
+	case <-retrieving:
+	case <-time.After(5 * time.Second):
+		close(release)
+		t.Fatal("the first batch did not run its retrieve within 5s")
+	}
 	calls := make([]*ClaimCall, 5)
 	for i := range calls {
 		calls[i] = &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) { return ids[1+i : 2+i], nil }}
