@@ -104,7 +104,7 @@ func TestLoopSpans(t *testing.T) {
 	str := func(s sdktrace.ReadOnlySpan, key attribute.Key) string {
 		for _, kv := range s.Attributes() {
 			if kv.Key == key {
-				return kv.Value.Emit()
+				return kv.Value.String()
 			}
 		}
 		return ""
