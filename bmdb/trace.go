@@ -18,8 +18,7 @@ func (c *Connection) TracerProvider() trace.TracerProvider { return c.cfg.Tracer
 // BatchSpanContext returns the span context of the batch transaction that
 // claimed the Work (see "Tracing" in the package doc): a span that works
 // on the machine links to it, as worker.Loop's handle span does. It is
-// invalid (the zero value) when the Connection has no TracerProvider, or
-// the batch's span was not sampled.
+// invalid (the zero value) when the Connection has no TracerProvider.
 func (w *Work) BatchSpanContext() trace.SpanContext { return w.batch }
 
 // outcome names err, a call's outcome, for its span's bmdb.outcome, and
