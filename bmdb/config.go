@@ -8,6 +8,8 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/bmdb-dev/bmdb/internal/procinfo"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
@@ -50,7 +52,7 @@ const (
 
 // Config configures a Connection. Only DSN and ComponentName are required.
 // Its fields come in groups: identity and server, sessions, transactions,
-// batching, pool.
+// batching, pool, observability.
 type Config struct {
 	// Identity and server: what the component is, and where its database is.
 
@@ -226,9 +228,18 @@ type Config struct {
 	// connector as it is.
 	WrapConnector func(driver.Connector) driver.Connector
 
+	// Observability: metrics and traces.
+
 	// Metrics receives the connection's Prometheus metrics (see
 	// NewMetrics). Defaults to nil: metrics are kept but exported nowhere.
 	Metrics *Metrics
+
+	// TracerProvider, if not nil, receives the connection's OpenTelemetry
+	// spans: its calls', its batch transactions' and worker.Loop's (see
+	// "Tracing" in the package doc). Pass otel.GetTracerProvider() to use
+	// the global one. Defaults to nil: no span is started, at no cost
+	// (not even OpenTelemetry's no-op spans).
+	TracerProvider trace.TracerProvider
 }
 
 // withDefaults returns c with every unset field at its default.

@@ -12,6 +12,7 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/counters"
 	"github.com/bmdb-dev/bmdb/internal/dbconn"
 	"github.com/bmdb-dev/bmdb/internal/lease"
+	"github.com/bmdb-dev/bmdb/internal/tracing"
 	"github.com/bmdb-dev/bmdb/internal/txn"
 	"github.com/bmdb-dev/bmdb/migrations"
 )
@@ -52,6 +53,9 @@ type Connection struct {
 	// batchTx is the isolation of batch transactions (Config.SerializableBatches)
 	// on PostgreSQL; CockroachDB's are SERIALIZABLE. Set by Open.
 	batchTx *sql.TxOptions
+	// tracer starts the spans of its sessions' calls and batches
+	// (Config.TracerProvider; off when nil).
+	tracer tracing.Tracer
 
 	closeOnce sync.Once
 }
@@ -95,7 +99,7 @@ func Open(ctx context.Context, cfg Config) (*Connection, error) {
 	if metrics == nil {
 		metrics, _ = NewMetrics(nil) // cannot fail without a registerer
 	}
-	c := &Connection{cfg: cfg, db: db, settings: settings, metrics: metrics, counters: &counters.Counters{}}
+	c := &Connection{cfg: cfg, db: db, settings: settings, metrics: metrics, counters: &counters.Counters{}, tracer: tracing.New(cfg.TracerProvider)}
 	metrics.add(cfg.ComponentName, c.counters)
 	if err := c.setUp(ctx); err != nil {
 		db.Close()

@@ -280,6 +280,27 @@
 // (Started, then Finished, Canceled, Failed or Abandoned) for operators to
 // query in plain SQL.
 //
+// # Tracing
+//
+// With Config.TracerProvider set, a Connection starts OpenTelemetry spans
+// (instrumentation scope github.com/bmdb-dev/bmdb), each a child of its
+// call's context's span: bmdb.Work and bmdb.WorkMany, bmdb.Finish,
+// bmdb.Cancel, bmdb.Fail and bmdb.FinishAndWork, and bmdb.Transact. A
+// batch transaction has a span of its own, bmdb.batch, the root of a
+// trace of its own since it carries the calls of many traces: it links to
+// the span of each call it carried, and each call's span links to it
+// (Work.BatchSpanContext gives a claim's, for the spans of the work done
+// on the machine: worker.Loop's worker.handle links to it). Attributes:
+// bmdb.process; bmdb.machine, bmdb.claim_id and bmdb.fencing_token, the
+// claim's (a WorkMany adds an event bmdb.claim per claim); bmdb.attempts,
+// the transaction's; bmdb.batch.size (with bmdb.batch.claims and
+// bmdb.batch.ends) on a batch; and bmdb.outcome: ok, nothing_to_do,
+// paused, capped and conflict, which are not errors, or lost,
+// session_expired, retries_exhausted, ambiguous_commit, error and the
+// like, recorded as the span's error (RecordError, status Error). Without
+// a TracerProvider no span is started at all, not even a no-op one: the
+// untraced path allocates nothing for tracing (TestTraceOffAllocatesNothing).
+//
 // # Use
 //
 //	conn, err := bmdb.Open(ctx, bmdb.Config{DSN: dsn, ComponentName: "installer"})

@@ -54,6 +54,7 @@ func (c *Connection) StartSession(ctx context.Context) (*Session, error) {
 	engine := claims.New(c.runner, l, claims.Config{
 		ComponentName: cfg.ComponentName, MaxBatchSize: cfg.MaxBatchSize,
 		MaxConcurrentBatches: cfg.MaxConcurrentBatches, Isolation: c.batchTx, Cockroach: c.engine == engineCockroach,
+		Tracer: c.tracer,
 		ObserveClaim: func(process string, d time.Duration) {
 			c.metrics.claimSeconds.WithLabelValues(cfg.ComponentName, process).Observe(d.Seconds())
 		},
@@ -110,11 +111,15 @@ func (s *Session) Close(ctx context.Context) error {
 // a done context; errors.Is and errors.As still see it). Retries exhausted
 // return *RetriesExhaustedError; a connection failure during COMMIT returns
 // ErrAmbiguousCommit.
-func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
+func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) (err error) {
+	ctx, span := s.conn.tracer.Start(ctx, "bmdb.Transact")
+	attempts := 0
+	defer func() { endTransact(span, attempts, err) }()
 	if fn == nil {
 		return invalidArgument("Transact: fn is nil")
 	}
-	return s.transact(ctx, txn.Serializable, fn)
+	attempts, err = s.transactCounted(ctx, txn.Serializable, fn)
+	return err
 }
 
 // transact runs fn in a transaction of the session at opts' isolation
@@ -123,12 +128,19 @@ func (s *Session) Transact(ctx context.Context, fn func(tx *Tx) error) error {
 // before COMMIT (the lease, as the transaction's guard, unless nothing ran
 // since the first check).
 func (s *Session) transact(ctx context.Context, opts *sql.TxOptions, fn func(tx *Tx) error) error {
+	_, err := s.transactCounted(ctx, opts, fn)
+	return err
+}
+
+// transactCounted is transact that also returns how many attempts it
+// began.
+func (s *Session) transactCounted(ctx context.Context, opts *sql.TxOptions, fn func(tx *Tx) error) (int, error) {
 	if err := s.lease.Alive(); err != nil {
-		return err
+		return 0, err
 	}
 	ctx, stop := s.lease.Bound(ctx)
 	defer stop()
-	return s.conn.runner.Run(ctx, opts, s.lease, func(tx *txn.Tx) error {
+	return s.conn.runner.RunCounted(ctx, opts, s.lease, func(tx *txn.Tx) error {
 		if err := s.lease.Check(ctx, tx); err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/bmdb-dev/bmdb/internal/claims"
 	"github.com/bmdb-dev/bmdb/internal/store"
@@ -31,7 +32,8 @@ import (
 type Work struct {
 	s       *Session
 	process string
-	claim   claims.Claim // the machine, the claim's identity in the work table, its fencing token
+	claim   claims.Claim      // the machine, the claim's identity in the work table, its fencing token
+	batch   trace.SpanContext // the span of the batch that claimed it (invalid: not traced)
 
 	mu    sync.Mutex
 	ended bool
@@ -90,7 +92,7 @@ func (w *Work) FencingToken() int64 { return w.claim.Token }
 // of Transact. If the claim's COMMIT was ambiguous, Work finds out which of
 // its claims committed and returns those.
 func (s *Session) Work(ctx context.Context, process string, retrieve func(tx *Tx) ([]uuid.UUID, error)) (*Work, error) {
-	works, err := s.WorkMany(ctx, process, 1, retrieve)
+	works, err := s.workMany(ctx, "bmdb.Work", process, 1, retrieve)
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +110,14 @@ const MaxWorkMany = 1000
 // ErrInvalidArgument for limit outside [1, MaxWorkMany], and otherwise the
 // errors of Work.
 func (s *Session) WorkMany(ctx context.Context, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) ([]*Work, error) {
+	return s.workMany(ctx, "bmdb.WorkMany", process, limit, retrieve)
+}
+
+// workMany is WorkMany, traced as a span named name.
+func (s *Session) workMany(ctx context.Context, name, process string, limit int, retrieve func(tx *Tx) ([]uuid.UUID, error)) (_ []*Work, err error) {
+	ctx, span := s.conn.tracer.Start(ctx, name)
+	var c *claims.ClaimCall
+	defer func() { endWorkMany(span, process, limit, c, err) }()
 	if limit < 1 || limit > MaxWorkMany {
 		return nil, invalidArgument("WorkMany: limit is %d, must be in [1, %d]", limit, MaxWorkMany)
 	}
@@ -117,8 +127,8 @@ func (s *Session) WorkMany(ctx context.Context, process string, limit int, retri
 	if retrieve == nil {
 		return nil, invalidArgument("Work: retrieve is nil")
 	}
-	c := &claims.ClaimCall{Limit: limit, Retrieve: func(tx *txn.Tx) ([]uuid.UUID, error) { return retrieve(newTx(tx)) }}
-	err := s.claims.Do(ctx, process, c, nil)
+	c = &claims.ClaimCall{Limit: limit, Retrieve: func(tx *txn.Tx) ([]uuid.UUID, error) { return retrieve(newTx(tx)) }}
+	err = s.claims.Do(ctx, process, c, nil)
 	if err == nil {
 		err = c.Err
 	}
@@ -127,7 +137,7 @@ func (s *Session) WorkMany(ctx context.Context, process string, limit int, retri
 	}
 	works := make([]*Work, len(c.Claims))
 	for i, got := range c.Claims {
-		works[i] = &Work{s: s, process: process, claim: got}
+		works[i] = &Work{s: s, process: process, claim: got, batch: c.Batch.Span}
 	}
 	return works, nil
 }
@@ -223,7 +233,7 @@ func (w *Work) FinishAndWork(ctx context.Context, commit func(tx *Tx) error, ret
 	if len(c.Claims) == 0 {
 		return nil, fmt.Errorf("%w (process %q)", ErrNothingToDo, w.process), nil
 	}
-	return &Work{s: w.s, process: w.process, claim: c.Claims[0]}, nil, nil
+	return &Work{s: w.s, process: w.process, claim: c.Claims[0], batch: c.Batch.Span}, nil, nil
 }
 
 // Cancel ends the Work without a result and without backoff: it deletes the
@@ -260,14 +270,16 @@ func (w *Work) end(ctx context.Context, e *claims.EndCall) error { return w.endW
 
 // endWith is end, with a claim c of the next machine in the same call (nil:
 // none).
-func (w *Work) endWith(ctx context.Context, e *claims.EndCall, c *claims.ClaimCall) error {
+func (w *Work) endWith(ctx context.Context, e *claims.EndCall, c *claims.ClaimCall) (err error) {
+	ctx, span := w.s.conn.tracer.Start(ctx, endSpanName(e, c))
+	defer func() { w.endEnd(span, e, c, err) }()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
 		return fmt.Errorf("bmdb: ending %q on %s as %s: %w", w.process, w.claim.Machine, e.Event, ErrWorkDone)
 	}
 	e.Claim, e.Owner = w.claim, w
-	err := w.s.claims.Do(ctx, w.process, c, e)
+	err = w.s.claims.Do(ctx, w.process, c, e)
 	if err == nil {
 		err = e.Err
 	}

@@ -18,6 +18,14 @@
 // whose later stages work on what earlier ones finished, runs them with
 // RunAll: with Config.StopWhenIdle they stop together, once all of them
 // are idle at once, not each when it alone is.
+//
+// With the Connection's bmdb.Config.TracerProvider set, a Loop traces
+// each claim call as a worker.claim span and each machine's handling as a
+// worker.handle span (bmdb.process, bmdb.machine, bmdb.claim_id,
+// bmdb.fencing_token, bmdb.outcome: finished, failed, canceled, lost),
+// both children of the span of Run's context. The Handler's context
+// carries the worker.handle span, which links to the span of the batch
+// transaction that claimed the machine, and the claim's end is its child.
 package worker
 
 import (
@@ -34,6 +42,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
+	"github.com/bmdb-dev/bmdb/internal/claims"
+	"github.com/bmdb-dev/bmdb/internal/tracing"
 	"github.com/bmdb-dev/bmdb/internal/wait"
 )
 
@@ -248,9 +258,10 @@ type Stats struct {
 // Loop runs claimers for one process. Create it with New and run it once
 // with Run. Stats is safe to call concurrently with Run.
 type Loop struct {
-	conn  *bmdb.Connection
-	cfg   Config
-	batch *bmdb.SharedCommit // of Config.CommitShared; nil without one
+	conn   *bmdb.Connection
+	cfg    Config
+	batch  *bmdb.SharedCommit // of Config.CommitShared; nil without one
+	tracer tracing.Tracer     // the Connection's TracerProvider's; off without one
 	// stop ends Run early with a cause: errIdle, a *LeftError, or an
 	// error wrapping ErrPermanent. Set by Run before it starts any
 	// goroutine; called by the claimer and the handlers.
@@ -288,7 +299,10 @@ func New(conn *bmdb.Connection, cfg Config) (*Loop, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Loop{conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared), ended: make(chan struct{}, 1)}, nil
+	return &Loop{
+		conn: conn, cfg: cfg, batch: bmdb.NewSharedCommit(cfg.CommitShared), ended: make(chan struct{}, 1),
+		tracer: tracing.New(conn.TracerProvider()),
+	}, nil
 }
 
 // Stats returns the loop's figures so far.
@@ -565,30 +579,68 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, sess *bmdb.Session, w *
 	}
 	defer free() // also if Work exits its goroutine
 	for w != nil {
+		// The machine's span: a child of the loop's, linked to the batch
+		// that claimed it; the Handler and the end run under it.
+		machineCtx, span := l.startHandle(claimCtx, workCtx, w)
 		if claimCtx.Err() != nil {
 			// Claimed as shutdown began (a claim transaction runs for all
 			// its callers): give it back unworked.
-			l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
+			err := l.bounded(machineCtx, w.Cancel)
+			l.record(machineCtx, w, &l.canceled, err)
+			span.End(endOutcome("canceled", err), nil)
 			return
 		}
-		commit, err := l.cfg.Work(workCtx, w)
+		commit, err := l.cfg.Work(machineCtx, w)
 		if err == nil && sess.Context().Err() == nil && claimCtx.Err() == nil {
-			w = l.finishAndClaim(claimCtx, workCtx, sess, w, commit)
+			var outcome string
+			w, outcome = l.finishAndClaim(claimCtx, machineCtx, sess, w, commit)
+			span.End(outcome, nil)
 			continue
 		}
 		// The handler is done: its slot goes to the next claim.
 		ending <- struct{}{}
 		free()
-		l.endClaim(workCtx, w, commit, err)
+		outcome := l.endClaim(machineCtx, w, commit, err)
+		span.End(outcome, err)
 		<-ending
 		return
 	}
 }
 
+// startHandle starts the span of w's handling, worker.handle, a child of
+// loopCtx's span, under workCtx, linked to the span of the batch that
+// claimed w; it returns workCtx with it. Off, it returns workCtx and a
+// span that does nothing.
+func (l *Loop) startHandle(loopCtx, workCtx context.Context, w *bmdb.Work) (context.Context, tracing.Span) {
+	if !l.tracer.On() {
+		return workCtx, tracing.Span{}
+	}
+	ctx, span := l.tracer.Start(l.tracer.ContextWithParent(workCtx, loopCtx), "worker.handle")
+	if span.Recording() {
+		span.Link(w.BatchSpanContext())
+		span.SetAttributes(tracing.Process.String(l.cfg.Process), tracing.Machine.String(w.Machine().String()),
+			tracing.ClaimID.String(w.ClaimID().String()), tracing.FencingToken.Int64(w.FencingToken()))
+	}
+	return ctx, span
+}
+
+// endOutcome is the outcome of a handling whose end returned err, had it
+// succeeded: ok, or why not.
+func endOutcome(ok string, err error) string {
+	switch {
+	case err == nil:
+		return ok
+	case lost(err):
+		return "lost"
+	}
+	return "end_failed"
+}
+
 // finishAndClaim finishes w with commit and claims the handler's next
 // machine in the same call, and returns it (nil if none was claimed, or
-// the Finish failed: then it has ended w as endClaim does).
-func (l *Loop) finishAndClaim(claimCtx, workCtx context.Context, sess *bmdb.Session, w *bmdb.Work, commit func(*bmdb.Tx) error) *bmdb.Work {
+// the Finish failed: then it has ended w as endClaim does), and the
+// outcome of w's handling, for its span.
+func (l *Loop) finishAndClaim(claimCtx, workCtx context.Context, sess *bmdb.Session, w *bmdb.Work, commit func(*bmdb.Tx) error) (*bmdb.Work, string) {
 	var opts []bmdb.FinishOption
 	switch {
 	case commit == nil && l.batch != nil:
@@ -606,8 +658,7 @@ func (l *Loop) finishAndClaim(claimCtx, workCtx context.Context, sess *bmdb.Sess
 		return err
 	})
 	if err != nil {
-		l.finishFailed(workCtx, w, err)
-		return nil
+		return nil, l.finishFailed(workCtx, w, err)
 	}
 	l.record(workCtx, w, &l.finished, nil)
 	claimed := 0
@@ -626,7 +677,7 @@ func (l *Loop) finishAndClaim(claimCtx, workCtx context.Context, sess *bmdb.Sess
 	default:
 		l.claimWarn.warn(fmt.Sprintf("worker %s: claiming: %v", l.cfg.Process, claimErr))
 	}
-	return next
+	return next, "finished"
 }
 
 // conflictWiden bounds how many times in a row a claimer that lost all its
@@ -666,8 +717,16 @@ func (l *Loop) sleepUntil(ctx context.Context, d time.Duration, wake <-chan stru
 func (l *Loop) claim(ctx context.Context, sess *bmdb.Session, n, widen int) ([]*bmdb.Work, error) {
 	l.polls.Add(1)
 	l.asked.Add(int64(n))
-	works, err := sess.WorkMany(ctx, l.cfg.Process, n, l.retrieve(ctx, widen))
+	spanCtx, span := l.tracer.Start(ctx, "worker.claim")
+	works, err := sess.WorkMany(spanCtx, l.cfg.Process, n, l.retrieve(ctx, widen))
 	l.countClaim(len(works), err)
+	if span.Recording() {
+		span.SetAttributes(tracing.Process.String(l.cfg.Process), tracing.Limit.Int(n), tracing.Claimed.Int(len(works)))
+		outcome, failed := claims.Outcome(err)
+		span.End(outcome, failed)
+	} else {
+		span.End("", nil)
+	}
 	return works, err
 }
 
@@ -715,14 +774,15 @@ func (l *Loop) countClaim(claimed int, err error) {
 	}
 }
 
-// endClaim ends one claim after Config.Work returned commit and err.
-func (l *Loop) endClaim(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.Tx) error, err error) {
+// endClaim ends one claim after Config.Work returned commit and err, and
+// returns the outcome of its handling, for its span.
+func (l *Loop) endClaim(workCtx context.Context, w *bmdb.Work, commit func(*bmdb.Tx) error, err error) string {
 	sessCtx := w.Session().Context()
 	if sessCtx.Err() != nil {
 		// The claim went with the session: nothing can end it now.
 		l.lost.Add(1)
 		klog.V(1).Infof("worker %s: claim of %s lost: %v", l.cfg.Process, w.Machine(), context.Cause(sessCtx))
-		return
+		return "lost"
 	}
 	switch {
 	case err == nil:
@@ -734,27 +794,32 @@ func (l *Loop) endClaim(workCtx context.Context, w *bmdb.Work, commit func(*bmdb
 			finish = func(ctx context.Context) error { return w.Finish(ctx, func(*bmdb.Tx) error { return nil }) }
 		}
 		if err := l.bounded(workCtx, finish); err != nil {
-			l.finishFailed(workCtx, w, err)
-			return
+			return l.finishFailed(workCtx, w, err)
 		}
 		l.record(workCtx, w, &l.finished, nil)
+		return "finished"
 	case errors.Is(context.Cause(workCtx), errShutdown):
-		l.record(workCtx, w, &l.canceled, l.bounded(workCtx, w.Cancel))
+		endErr := l.bounded(workCtx, w.Cancel)
+		l.record(workCtx, w, &l.canceled, endErr)
+		return endOutcome("canceled", endErr)
 	default:
-		l.record(workCtx, w, &l.failed, l.bounded(workCtx, func(ctx context.Context) error {
+		endErr := l.bounded(workCtx, func(ctx context.Context) error {
 			return w.Fail(ctx, &l.cfg.Backoff, err.Error())
-		}))
+		})
+		l.record(workCtx, w, &l.failed, endErr)
+		return endOutcome("failed", endErr)
 	}
 }
 
 // finishFailed handles the failure err of w's Finish: a claim gone is
 // counted lost; otherwise the commit itself failed (or its outcome is
 // unknown): the loop backs off rather than retry it at once, with Fail
-// (which, if the Finish did commit, finds the claim gone).
-func (l *Loop) finishFailed(workCtx context.Context, w *bmdb.Work, err error) {
+// (which, if the Finish did commit, finds the claim gone). It returns the
+// outcome of w's handling, for its span.
+func (l *Loop) finishFailed(workCtx context.Context, w *bmdb.Work, err error) string {
 	if lost(err) {
 		l.record(workCtx, w, &l.finished, err)
-		return
+		return "lost"
 	}
 	named := fmt.Errorf("worker %s: finishing machine %s: %w", l.cfg.Process, w.Machine(), err)
 	if bmdb.IsPermanent(err) {
@@ -762,9 +827,11 @@ func (l *Loop) finishFailed(workCtx context.Context, w *bmdb.Work, err error) {
 	} else {
 		klog.Warningf("%v", named)
 	}
-	l.record(workCtx, w, &l.failed, l.bounded(workCtx, func(ctx context.Context) error {
+	failErr := l.bounded(workCtx, func(ctx context.Context) error {
 		return w.Fail(ctx, &l.cfg.Backoff, "finish failed: "+err.Error())
-	}))
+	})
+	l.record(workCtx, w, &l.failed, failErr)
+	return endOutcome("finish_failed", failErr)
 }
 
 // bounded runs one call that ends a claim. It must not be cut short by

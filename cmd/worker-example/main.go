@@ -14,6 +14,12 @@
 // PostgreSQL and runs this against it. The log (klog's lines: migrations,
 // warnings) goes to --log-file, $TMPDIR/worker-example.log by default,
 // not between the progress lines; errors go to standard error as well.
+//
+// --trace stdout prints bmdb's and the loops' OpenTelemetry spans (see
+// "Tracing" in package bmdb's doc) to standard output, among the progress
+// lines, each as one line of JSON (OpenTelemetry's stdouttrace exporter),
+// all of them flushed before the command exits; --trace none, the
+// default, traces nothing.
 package main
 
 import (
@@ -39,6 +45,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/klog/v2"
 
 	"github.com/bmdb-dev/bmdb/bmdb"
@@ -62,6 +71,7 @@ type options struct {
 	httpAddr     string
 	keepServing  bool
 	logFile      string // where klog writes ("": standard error)
+	trace        string // where spans go: "none" or "stdout"
 }
 
 func main() {
@@ -82,6 +92,7 @@ func main() {
 	flag.BoolVar(&o.keepServing, "keep-serving", false, "after the pipeline completes, keep serving the fleet pages (--http-addr) until interrupted (Ctrl-C)")
 	flag.StringVar(&o.logFile, "log-file", filepath.Join(os.TempDir(), "worker-example.log"),
 		"write the log (klog's lines) to this file, rewritten on each run, so that they do not interleave with the progress; - for standard error")
+	flag.StringVar(&o.trace, "trace", "none", "print OpenTelemetry spans: stdout (one JSON line per span, among the progress lines) or none")
 	addLoggingFlags(flag.CommandLine, klogFlags)
 	flag.Parse()
 	if err := logTo(klogFlags, &o.logFile); err != nil {
@@ -161,6 +172,8 @@ func (o options) validate() error {
 		return errors.New("--keep-serving needs --http-addr: there are no fleet pages to keep serving")
 	case o.timeout <= 0:
 		return fmt.Errorf("--timeout is %v, must be positive", o.timeout)
+	case o.trace != "" && o.trace != "none" && o.trace != "stdout":
+		return fmt.Errorf("--trace is %q, must be stdout or none", o.trace)
 	}
 	return o.backoff.Validate()
 }
@@ -199,6 +212,18 @@ func run(ctx context.Context, o options) error {
 	}
 	defer stopMetrics()
 
+	tp, stopTracing, err := tracerProvider(o.trace)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
+	if tp != nil {
+		// The run's span: the loops' spans are its children.
+		var span trace.Span
+		ctx, span = tp.Tracer("worker-example").Start(ctx, "worker-example")
+		defer span.End()
+	}
+
 	var conns []*bmdb.Connection
 	defer func() {
 		for _, c := range conns {
@@ -209,7 +234,7 @@ func run(ctx context.Context, o options) error {
 	for _, st := range pipeline.Stages {
 		conn, err := bmdb.Open(ctx, bmdb.Config{
 			DSN: o.dsn, ComponentName: st.Component,
-			SessionInterval: o.interval, Metrics: metrics,
+			SessionInterval: o.interval, Metrics: metrics, TracerProvider: tp,
 			Application: pipeline.Application(),
 		})
 		if err != nil {
@@ -271,6 +296,26 @@ func run(ctx context.Context, o options) error {
 		fmt.Println("\nthe fleet pages stop now; --keep-serving (make demo KEEP=1) keeps them up after the run")
 	}
 	return nil
+}
+
+// tracerProvider returns the TracerProvider of --trace (nil for none) and
+// a function that flushes its spans and shuts it down.
+func tracerProvider(dest string) (trace.TracerProvider, func(), error) {
+	if dest != "stdout" {
+		return nil, func() {}, nil
+	}
+	exporter, err := stdouttrace.New(stdouttrace.WithWriter(os.Stdout))
+	if err != nil {
+		return nil, nil, fmt.Errorf("--trace stdout: %w", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exporter))
+	return tp, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "worker-example: flushing spans:", err)
+		}
+	}, nil
 }
 
 // serve starts an HTTP server on addr ("": none) with the routes that

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -101,6 +102,78 @@ func TestLogDoesNotInterleaveWithProgress(t *testing.T) {
 	}
 }
 
+// --trace stdout prints the spans, one JSON object a line among the
+// progress lines, all flushed by the time the command exits: the loops'
+// handle spans, each linked to a batch span, and the calls' spans; a
+// --trace the command does not know is refused, naming the flag.
+func TestTraceFlag(t *testing.T) {
+	t.Parallel()
+	binary := filepath.Join(t.TempDir(), "worker-example")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building worker-example: %v\n%s", err, out)
+	}
+	dsn := testdb.New(t)
+
+	bogus := exec.Command(binary, "--trace", "bogus", "--log-file", "-")
+	bogus.Env = append(os.Environ(), "BMDB_DSN="+dsn)
+	out, err := bogus.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `--trace is "bogus", must be stdout or none`) {
+		t.Errorf("--trace bogus: %v\n%s", err, out)
+	}
+
+	cmd := exec.Command(binary, "--machines", "5", "--work-duration", "1ms", "--failure-rate", "0",
+		"--trace", "stdout", "--log-file", filepath.Join(t.TempDir(), "log"))
+	cmd.Env = append(os.Environ(), "BMDB_DSN="+dsn)
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("worker-example --trace stdout: %v\n%s", err, stdout)
+	}
+	type span struct {
+		Name        string
+		SpanContext struct{ SpanID string }
+		Links       []struct{ SpanContext struct{ SpanID string } }
+	}
+	names := map[string]int{}
+	batches := map[string]bool{}
+	var handles []span
+	progress := 0
+	for line := range strings.Lines(string(stdout)) {
+		if !strings.HasPrefix(line, "{") {
+			progress++
+			continue
+		}
+		var s span
+		if err := json.Unmarshal([]byte(line), &s); err != nil {
+			t.Fatalf("a span line that is not JSON: %v\n%s", err, line)
+		}
+		names[s.Name]++
+		switch s.Name {
+		case "bmdb.batch":
+			batches[s.SpanContext.SpanID] = true
+		case "worker.handle":
+			handles = append(handles, s)
+		}
+	}
+	if progress == 0 || !strings.Contains(string(stdout), "all 5 machines passed every stage") {
+		t.Errorf("no progress among the spans:\n%s", stdout)
+	}
+	// 5 machines through 3 stages, none failing: 15 handles.
+	if names["worker.handle"] != 15 || names["worker-example"] != 1 || names["bmdb.batch"] == 0 || names["worker.claim"] == 0 ||
+		names["bmdb.FinishAndWork"]+names["bmdb.Finish"] != 15 {
+		t.Errorf("spans printed: %v", names)
+	}
+	for _, h := range handles {
+		linked := false
+		for _, l := range h.Links {
+			linked = linked || batches[l.SpanContext.SpanID]
+		}
+		if !linked {
+			t.Errorf("a worker.handle span links to no printed batch span: %+v", h)
+		}
+	}
+}
+
 func TestOptionsValidate(t *testing.T) {
 	good := options{dsn: "postgres://x", machines: 1, concurrency: 1, failureRate: 0.1, timeout: time.Second,
 		backoff: bmdb.Backoff{Initial: time.Second, Maximum: time.Second, Exponent: 2}}
@@ -115,6 +188,7 @@ func TestOptionsValidate(t *testing.T) {
 		"failure-rate": func(o *options) { o.failureRate = 1 },
 		"timeout":      func(o *options) { o.timeout = 0 },
 		"backoff":      func(o *options) { o.backoff.Initial = 0 },
+		"trace":        func(o *options) { o.trace = "jaeger" },
 	} {
 		o := good
 		mod(&o)

@@ -22,15 +22,18 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 	bound := newBatchBound(reqs)
 	defer bound.stop()
 	e := q.e
-	ctx, stop := e.lease.Bound(bound.ctx)
+	spanCtx, span := q.startBatch(bound.ctx, reqs)
+	ctx, stop := e.lease.Bound(spanCtx)
 	defer stop()
 	var claims []*request
 	tok := &pickToken{}
-	err := e.runner.Run(ctx, e.cfg.Isolation, e.lease, func(tx *txn.Tx) error {
+	attempts, err := e.runner.RunCounted(ctx, e.cfg.Isolation, e.lease, func(tx *txn.Tx) error {
 		// Calls join before the attempt's first statement: a Finish of a
 		// claim that another batch committed must see it in its snapshot.
 		if join {
+			n := len(reqs)
 			reqs = q.join(bound, reqs)
+			linkJoined(span, reqs, n)
 		}
 		var ends []*request
 		claims, ends = split(reqs)
@@ -52,6 +55,10 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 		q.picks.committed(claimed)
 	}
 	q.picks.release(tok)
+	endBatch(span, reqs, attempts, err)
+	for _, r := range reqs {
+		r.batch = Batch{Span: span.SpanContext(), Attempts: attempts}
+	}
 	q.settle(bound.ctx, reqs, err)
 }
 
@@ -238,6 +245,12 @@ func isolatable(ctx context.Context, err error) bool {
 func (q *queue) reply(reqs []*request, err error) {
 	for _, r := range reqs {
 		r.err = err
+		if r.claim != nil {
+			r.claim.Batch = r.batch
+		}
+		if r.end != nil {
+			r.end.Batch = r.batch
+		}
 		q.record(r)
 		close(r.done)
 	}

@@ -27,6 +27,7 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/counters"
 	"github.com/bmdb-dev/bmdb/internal/lease"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/tracing"
 	"github.com/bmdb-dev/bmdb/internal/txn"
 )
 
@@ -45,6 +46,9 @@ type Config struct {
 	// offered no more candidates than they claim, and caps are arbitrated
 	// by the slot's unique key rather than locked (claim.go).
 	Cockroach bool
+	// Tracer starts the batches' spans (bmdb.Config.TracerProvider's);
+	// the zero Tracer starts none.
+	Tracer tracing.Tracer
 	// ObserveClaim, if not nil, receives the latency of each claim made
 	// for process (bmdb's histogram).
 	ObserveClaim func(process string, d time.Duration)
@@ -88,6 +92,7 @@ type ClaimCall struct {
 	Claims    []Claim
 	Abandoned []string
 	Err       error
+	Batch     Batch // the batch that carried it, for its span
 
 	start  time.Time // when the call was made, for the latency
 	fenced bool      // made claim rows for its candidates and ran again; owned by its batch
@@ -107,8 +112,9 @@ type EndCall struct {
 	Shared  *Shared
 	Owner   any
 
-	Err  error
-	gone bool // an attempt found the claim gone: so are the later ones'
+	Err   error
+	Batch Batch // the batch that carried it, for its span
+	gone  bool  // an attempt found the claim gone: so are the later ones'
 }
 
 // Shared commits the results of several Finishes in one call: Commit gets

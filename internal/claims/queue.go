@@ -19,6 +19,7 @@ type request struct {
 	claimDone   bool  // a call that also ends gave up its claim (ClaimCall.Err says why): it runs as an end
 	panicked    any   // what one of its callbacks panicked with, if one did
 	err         error // the batch's error; the call's own outcome is in claim and end
+	batch       Batch // the last batch that ran it, for its span
 	done        chan struct{}
 
 	// promote is closed to make the caller run batches (queue.release);

@@ -112,10 +112,23 @@ const rerunsAtOnce = 10
 // for an attempt that outlived MaxAttemptDuration on CockroachDB; or
 // ErrConnectionClosed after the Connection closed.
 func (r *Runner) Run(ctx context.Context, opts *sql.TxOptions, guard Guard, body func(*Tx) error) error {
+	_, err := r.RunCounted(ctx, opts, guard, body)
+	return err
+}
+
+// RunCounted is Run that also returns how many attempts it began (0 when
+// it began none: the Connection was closed), for traces.
+func (r *Runner) RunCounted(ctx context.Context, opts *sql.TxOptions, guard Guard, body func(*Tx) error) (int, error) {
 	if r.Closed.Load() {
-		return ErrConnectionClosed
+		return 0, ErrConnectionClosed
 	}
 	a := &attempts{max: r.MaxAttempts}
+	err := r.run(ctx, a, opts, guard, body)
+	return a.n, err
+}
+
+// run is Run's loop of attempts, counted in a.
+func (r *Runner) run(ctx context.Context, a *attempts, opts *sql.TxOptions, guard Guard, body func(*Tx) error) error {
 	waits, reruns := 0, 0
 	for {
 		var err error
