@@ -126,9 +126,15 @@ func TestCockroachCappedClaimLocksOnlyItsSlot(t *testing.T) {
 // then cannot commit. (Before, PauseProcess returned at once and the
 // claim committed after it.)
 func TestCockroachPauseWaitsOutClaimsInFlight(t *testing.T) {
+	for _, v := range []crdbmode.Version{crdbmode.VersionOldest, crdbmode.VersionNewest} {
+		t.Run(v.String(), func(t *testing.T) { pauseWaitsOutClaimsInFlight(t, v) })
+	}
+}
+
+func pauseWaitsOutClaimsInFlight(t *testing.T, v crdbmode.Version) {
 	e := newEnv(t)
 	const maxTx = 400 * time.Millisecond
-	mode := crdbmode.Settings{Enabled: true}
+	mode := crdbmode.Settings{Enabled: true, Version: v}
 	cfg := func(c *Config) { c.SessionInterval, c.MaxTransactionDuration = 5*time.Second, maxTx }
 	ca, cb := e.open(withMode(mode), cfg), e.open(withMode(mode), cfg)
 	var id atomic.Pointer[uuid.UUID]
@@ -169,9 +175,15 @@ func TestCockroachPauseWaitsOutClaimsInFlight(t *testing.T) {
 // happened, numbered by the pair's claim row (seq). (Before, it came back
 // by at: the second claim's Started before the first's Finished.)
 func TestHistoryInTheOrderItHappened(t *testing.T) {
+	for _, v := range []crdbmode.Version{crdbmode.VersionOldest, crdbmode.VersionNewest} {
+		t.Run(v.String(), func(t *testing.T) { historyInTheOrderItHappened(t, v) })
+	}
+}
+
+func historyInTheOrderItHappened(t *testing.T, v crdbmode.Version) {
 	e := newEnv(t)
 	gateway := func(offset time.Duration) *Session {
-		mode := crdbmode.Settings{Enabled: true, ClockOffset: offset}
+		mode := crdbmode.Settings{Enabled: true, ClockOffset: offset, Version: v}
 		return e.session(e.open(withMode(mode), func(c *Config) {
 			c.SessionInterval, c.MaxClockOffset = 5*time.Second, 500*time.Millisecond
 		}))

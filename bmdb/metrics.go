@@ -91,6 +91,7 @@ var (
 	descWorkAsked         = counterDesc("bmdb_work_asked_total", "Machines asked for by Work and WorkMany calls (their limits).", "process")
 	descClaimsStale       = counterDesc("bmdb_claims_stale_total", "Claim statements that met a candidate claimed or ended after their snapshot, and ran again.", "process")
 	descBackoffs          = counterDesc("bmdb_backoffs_total", "Backoffs set by Fail.", "process")
+	descClaimsTakenOver   = counterDesc("bmdb_claims_taken_over_total", "Claims of expired sessions that this component's claims ended (Abandoned) to take their machines or slots.", "process")
 )
 
 // Gauges of each process's controls, as the last claim statement of a
@@ -111,7 +112,7 @@ type countersCollector Metrics
 func (cc *countersCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descSessionsStarted, descSessionsExpired, descHeartbeatFailures, descTxAttempts,
 		descTxRetries, descWorkEvents, descWorkConflicts, descWorkNothing, descWorkPaused, descWorkCapped, descWorkAsked,
-		descClaimsStale, descBackoffs, descProcessPaused, descProcessCap} {
+		descClaimsStale, descBackoffs, descClaimsTakenOver, descProcessPaused, descProcessCap} {
 		ch <- d
 	}
 }
@@ -161,6 +162,7 @@ func (cc *countersCollector) Collect(ch chan<- prometheus.Metric) {
 			add(descWorkAsked, p.Asked.Load(), comp, process)
 			add(descClaimsStale, p.Stale.Load(), comp, process)
 			add(descBackoffs, p.Backoffs.Load(), comp, process)
+			add(descClaimsTakenOver, p.TakenOver.Load(), comp, process)
 			if p.ControlsSeen.Load() {
 				add(descProcessPaused, p.PausedNow.Load(), comp, process)
 				add(descProcessCap, p.CapNow.Load(), comp, process)
@@ -170,7 +172,7 @@ func (cc *countersCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range order {
 		n, kind := 1, prometheus.CounterValue
 		switch k.d {
-		case descTxRetries, descWorkConflicts, descWorkNothing, descWorkPaused, descWorkCapped, descWorkAsked, descClaimsStale, descBackoffs:
+		case descTxRetries, descWorkConflicts, descWorkNothing, descWorkPaused, descWorkCapped, descWorkAsked, descClaimsStale, descBackoffs, descClaimsTakenOver:
 			n = 2
 		case descProcessPaused, descProcessCap:
 			n, kind = 2, prometheus.GaugeValue

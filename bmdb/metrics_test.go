@@ -88,6 +88,7 @@ func TestMetricsScrape(t *testing.T) {
 		`bmdb_work_conflicts_total{component="test",process="install"} 1`,
 		`bmdb_work_asked_total{component="test",process="install"} 5`,
 		`bmdb_backoffs_total{component="test",process="install"} 1`,
+		`bmdb_claims_taken_over_total{component="test",process="install"} 1`,
 		`bmdb_claim_duration_seconds_count{component="test",process="install"} 4`,
 	} {
 		if !strings.Contains(page, want+"\n") {

@@ -47,8 +47,13 @@ func TestCockroachPinsSharedLockingOff(t *testing.T) {
 	if got := setting(t, crdb, name); got != "off" {
 		t.Errorf("%s = %q on a cockroach-mode connection, want off", name, got)
 	}
-	if got := setting(t, crdb, "crdb.enable_durable_locking_for_serializable"); !testdb.Cockroach() && got != "off" {
-		t.Errorf("crdb.enable_durable_locking_for_serializable = %q, want off", got)
+	for _, pinned := range []string{"enable_durable_locking_for_serializable", "optimizer_use_lock_op_for_serializable"} {
+		if !testdb.Cockroach() {
+			pinned = "crdb." + pinned
+		}
+		if got := setting(t, crdb, pinned); got != "off" {
+			t.Errorf("%s = %q on a cockroach-mode connection, want off", pinned, got)
+		}
 	}
 	if testdb.Cockroach() || testdb.CockroachMode() {
 		return

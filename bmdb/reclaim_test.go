@@ -19,8 +19,7 @@ import (
 // claim of an expired session counts as none, and the claim that gets
 // such a machine takes its session over) and with a retrieval that skips
 // every claim row, live or not (a claim sweeps the process's expired claims
-// every quarter interval). (MachinesWithoutWork treats claims the same way:
-// TestMachinesWithoutWork.) Before, both waited until the queue drained or
+// every quarter interval). Before, both waited until the queue drained or
 // garbage collection ran (30 s).
 func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 	const interval = 2 * time.Second

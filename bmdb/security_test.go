@@ -307,7 +307,9 @@ func packageConsts(files []*ast.File) map[string]bool {
 // the bench's waitUntil and poller.wait (matrix.go) poll the constant
 // query they are given, its rtcount.go is a driver wrapper counting the
 // round trips of the queries it forwards, the chaos harness's
-// commitTimes (reclaim.go) runs the constant query it is given, and
+// commitTimes (reclaim.go) runs the constant query it is given, cockroach
+// mode's full-scan guardrail (fullscan.go) asks for the plan of a bmdb
+// statement it forwards (explain), and
 // cockroach mode's emulator (crdbmode's emulator.go, test tooling) passes
 // every query on and runs the statements of migration files, a probe of
 // a session row by its parsed UUID and BEGIN with constant options, and
@@ -318,7 +320,7 @@ func packageConsts(files []*ast.File) map[string]bool {
 // the statements of migration files (Run).
 var forwarders = map[string]bool{
 	"netconn.go:*": true, "stmtcache.go:*": true, "tx.go:*": true, "attempt.go:Exec": true, "lock.go:ensureTable": true, "pins.go:querySetting": true, "emulator.go:*": true,
-	"procs.go:waitUntil": true, "matrix.go:wait": true, "rtcount.go:*": true, "reclaim.go:commitTimes": true, "locking.go:lockAtFetch": true, "ddl.go:execScript": true, "ddl.go:queryInt": true, "driver.go:Run": true,
+	"procs.go:waitUntil": true, "matrix.go:wait": true, "rtcount.go:*": true, "reclaim.go:commitTimes": true, "fullscan.go:explain": true, "locking.go:lockAtFetch": true, "ddl.go:execScript": true, "ddl.go:queryInt": true, "driver.go:Run": true,
 }
 
 // sqlMethods maps database/sql methods to the index of their query
