@@ -279,6 +279,8 @@ type Loop struct {
 	canceled, lost, conflicts, nothing, sleeps        atomic.Int64
 	paused, capped                                    atomic.Int64
 	slept                                             atomic.Int64 // nanoseconds
+	// finishing counts the handlers ending a claim at the moment (handle).
+	finishing atomic.Int64
 
 	// member is the loop's place in RunAll's group; nil when it runs
 	// alone. Set by RunAll before Run starts.
@@ -561,9 +563,10 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 }
 
 // handle is a handler goroutine, started with w: it runs Config.Work and
-// ends the claim, and, as long as the Work succeeds and the loop runs,
-// asks in the same call for its next machine (Work.FinishAndWork: one
-// transaction per machine), working on it in turn. It holds its busy token
+// ends the claim, and, as long as the Work succeeds, the loop runs and no
+// other handler of the loop is ending a claim, asks in the same call for
+// its next machine (Work.FinishAndWork: one transaction per machine),
+// working on it in turn. It holds its busy token
 // throughout, and gives it back when it has no next machine. Otherwise
 // (an error to Fail, shutdown, a next claim that found nothing) it gives
 // the token back before the claim ends, holding one of ending's tokens
@@ -591,16 +594,29 @@ func (l *Loop) handle(claimCtx, workCtx context.Context, sess *bmdb.Session, w *
 			return
 		}
 		commit, err := l.cfg.Work(machineCtx, w)
+		counted := false
 		if err == nil && sess.Context().Err() == nil && claimCtx.Err() == nil {
-			var outcome string
-			w, outcome = l.finishAndClaim(claimCtx, machineCtx, sess, w, commit)
-			span.End(outcome, nil)
-			continue
+			if counted = true; l.finishing.Add(1) == 1 {
+				// Alone in ending a claim: its Finish carries its next
+				// claim, one transaction for both.
+				var outcome string
+				w, outcome = l.finishAndClaim(claimCtx, machineCtx, sess, w, commit)
+				l.finishing.Add(-1)
+				span.End(outcome, nil)
+				continue
+			}
+			// Others are ending claims too: their Finishes share a batch,
+			// and the claimer claims for all the freed handlers in one call
+			// (one retrieval, one claim statement), rather than each
+			// Finish carrying a claim of its own.
 		}
 		// The handler is done: its slot goes to the next claim.
 		ending <- struct{}{}
 		free()
 		outcome := l.endClaim(machineCtx, w, commit, err)
+		if counted {
+			l.finishing.Add(-1)
+		}
 		span.End(outcome, err)
 		<-ending
 		return
