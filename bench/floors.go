@@ -134,7 +134,8 @@ const floorProcess = "bench"
 const floorCandidates = worker.CandidatesDefault
 
 // floorBatches is how many batch transactions a floor-batch process runs
-// at once: bmdb's Config.MaxConcurrentBatches default.
+// at once (bmdb's Config.MaxConcurrentBatches default when the floors
+// were written; it is 1 since).
 const floorBatches = 2
 
 // floorChild is one floor process: its pool, its workers (floor-item) or

@@ -27,7 +27,7 @@ const (
 	maxTxAttemptsDefault        = 100
 	maxIdleConnsDefault         = 32
 	maxBatchSizeDefault         = 100
-	maxConcurrentBatchesDefault = 2
+	maxConcurrentBatchesDefault = 1
 	statementCacheSizeDefault   = 128
 	// The default --max-offset of a CockroachDB cluster.
 	maxClockOffsetDefault = 500 * time.Millisecond
@@ -175,8 +175,12 @@ type Config struct {
 	// session and process run at once, each on a connection of its own:
 	// when calls wait while a batch runs, the session's batcher starts
 	// another batch for them, up to this many (see "Batches" in the
-	// package doc). 1 runs one batch at a time. Must be in [1, 64].
-	// Defaults to 2.
+	// package doc). 1 runs one batch at a time: calls that arrive while
+	// it runs wait and share the next, the largest batches, fastest for a
+	// process with many handlers and for several processes alike
+	// (bench/README.md). More lets a session's calls commit beside a
+	// batch held up by a slow retrieval or commit callback, at the price
+	// of smaller batches. Must be in [1, 64]. Defaults to 1.
 	MaxConcurrentBatches int
 
 	// Pool and connections.
