@@ -151,25 +151,32 @@ func TestWaitingCallsShareABatch(t *testing.T) {
 	e := newTestEngine(t, nil)
 	ids := e.machines(t, 6)
 	release := make(chan struct{})
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let) // a failure below must not leave the first batch blocked
+	// The first batch runs once its retrieve does: its attempt has taken
+	// the calls it joined then (none but the first), so the five below
+	// cannot join it, however late its BEGIN was on a loaded machine.
+	retrieving := make(chan struct{})
+	var once sync.Once
 	first := &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) {
+		once.Do(func() { close(retrieving) })
 		<-release
 		return ids[:1], nil
 	}}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = e.Do(context.Background(), "p", first, nil) })
-	testdb.Eventually(t, 5*time.Second, "the first batch to run", func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		q := e.queues["p"]
-		return q != nil && q.runners == 1 && len(q.waiting) == 0
-	})
+	select {
+	case <-retrieving:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first batch did not retrieve within 30s")
+	}
 	calls := make([]*ClaimCall, 5)
 	for i := range calls {
 		calls[i] = &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) { return ids[1+i : 2+i], nil }}
 		wg.Go(func() { _ = e.Do(context.Background(), "p", calls[i], nil) })
 	}
-	testdb.Eventually(t, 5*time.Second, "the calls to wait", func() bool { return e.Waiting("p") == 5 })
-	close(release)
+	testdb.Eventually(t, 30*time.Second, "the calls to wait", func() bool { return e.Waiting("p") == 5 })
+	let()
 	wg.Wait()
 	var attempts []int64
 	rows, err := e.db.Query(`SELECT count(*) FROM work_history WHERE event = 'Started' GROUP BY xmin::text ORDER BY 1`)
