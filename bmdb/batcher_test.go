@@ -51,7 +51,7 @@ func (l *latch) inside(t *testing.T) {
 	t.Helper()
 	select {
 	case <-l.reached:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("timed out waiting for a callback to reach the latch")
 	}
 }

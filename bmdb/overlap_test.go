@@ -537,17 +537,35 @@ func TestConcurrentBatchesOfASession(t *testing.T) {
 			first := workAsync(s, hold.held(retrieveAll(x)))
 			hold.inside(t)
 			second := workAsync(s, retrieveAll(a))
-			select {
-			case <-second.done:
-				if n == 1 {
-					t.Fatal("the second Work committed while the first batch was held, with one batch at a time")
+			if n > 1 {
+				// It commits while the first is held, which it is until
+				// hold.open: a generous deadline, not a timing margin.
+				select {
+				case <-second.done:
+				case <-time.After(30 * time.Second):
+					t.Fatal("the second Work waited for the held batch")
 				}
 				if w, err := second.wait(); err != nil || w.Machine() != a {
 					t.Fatalf("second Work = %v, %v; want a", w, err)
 				}
-			case <-time.After(time.Second):
-				if n > 1 {
-					t.Fatal("the second Work waited for the held batch")
+			} else {
+				// It queues behind the held batch, and stays there: a
+				// second runner would have taken it at once.
+				eventually(t, 30*time.Second, "the second Work to queue or return", func() bool {
+					select {
+					case <-second.done:
+						return true
+					default:
+						return queued(s, "install") == 1
+					}
+				})
+				select {
+				case <-second.done:
+					t.Fatal("the second Work committed while the first batch was held, with one batch at a time")
+				case <-time.After(time.Second):
+				}
+				if q := queued(s, "install"); q != 1 {
+					t.Fatalf("%d calls queued behind the held batch, want the second Work", q)
 				}
 			}
 			hold.open()

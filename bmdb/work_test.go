@@ -110,9 +110,14 @@ func TestWorkConflictBetweenLiveSessions(t *testing.T) {
 
 // Invariant 4: many sessions racing for few machines never both win one,
 // and the losers get ErrWorkConflict or retry into ErrNothingToDo.
+//
+// Its sessions are steady (10 s interval): the subject is exclusion, not
+// expiry. With 1 s, eight sessions on a loaded machine missed their
+// heartbeat deadlines, and a claim taken over from an expired session
+// counted, rightly, as a second claim of its machine.
 func TestWorkRaceClaimsEachMachineOnce(t *testing.T) {
 	e := newWorkEnv(t)
-	c := e.open()
+	c := e.open(steady)
 	const machines, workers = 5, 8
 	for range machines {
 		e.machine()

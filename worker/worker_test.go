@@ -287,10 +287,10 @@ func TestLoopShutdownCancelsWorkAfterGrace(t *testing.T) {
 			t.Fatal("Work did not start on both machines")
 		}
 	}
-	probe := startDelayProbe(t)
+	probe := testdb.StartDelayProbe(t)
 	begun := time.Now()
 	took := stop()
-	late := probe.stop()
+	late := probe.Stop()
 	if c, _ := sawCause.Load().(error); !errors.Is(c, errShutdown) {
 		t.Fatalf("work context cause = %v", c)
 	}

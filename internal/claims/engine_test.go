@@ -150,7 +150,13 @@ func TestLoneCallRunsItsOwnBatch(t *testing.T) {
 func TestWaitingCallsShareABatch(t *testing.T) {
 	e := newTestEngine(t, nil)
 	ids := e.machines(t, 6)
-	release, retrieving := make(chan struct{}), make(chan struct{})
+	release := make(chan struct{})
+	let := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(let) // a failure below must not leave the first batch blocked
+	// The first batch runs once its retrieve does: its attempt has taken
+	// the calls it joined then (none but the first), so the five below
+	// cannot join it, however late its BEGIN was on a loaded machine.
+	retrieving := make(chan struct{})
 	var once sync.Once
 	first := &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) {
 		once.Do(func() { close(retrieving) })
@@ -159,21 +165,18 @@ func TestWaitingCallsShareABatch(t *testing.T) {
 	}}
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = e.Do(context.Background(), "p", first, nil) })
-	// The first batch is in its attempt, past the join at its start: the
-	// calls made now wait for the next batch.
 	select {
 	case <-retrieving:
-	case <-time.After(5 * time.Second):
-		close(release)
-		t.Fatal("the first batch did not run its retrieve within 5s")
+	case <-time.After(30 * time.Second):
+		t.Fatal("the first batch did not retrieve within 30s")
 	}
 	calls := make([]*ClaimCall, 5)
 	for i := range calls {
 		calls[i] = &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) { return ids[1+i : 2+i], nil }}
 		wg.Go(func() { _ = e.Do(context.Background(), "p", calls[i], nil) })
 	}
-	testdb.Eventually(t, 5*time.Second, "the calls to wait", func() bool { return e.Waiting("p") == 5 })
-	close(release)
+	testdb.Eventually(t, 30*time.Second, "the calls to wait", func() bool { return e.Waiting("p") == 5 })
+	let()
 	wg.Wait()
 	var attempts []int64
 	rows, err := e.db.Query(`SELECT count(*) FROM work_history WHERE event = 'Started' GROUP BY xmin::text ORDER BY 1`)

@@ -1,4 +1,4 @@
-package worker
+package testdb
 
 import (
 	"sync/atomic"
@@ -6,24 +6,25 @@ import (
 	"time"
 )
 
-// probeTick is how often a delayProbe asks to be woken.
+// probeTick is how often a DelayProbe asks to be woken.
 const probeTick = 5 * time.Millisecond
 
-// delayProbe measures this process's scheduling delay while a timing test
+// DelayProbe measures this process's scheduling delay while a timing test
 // runs: a goroutine asks to be woken every probeTick and records how late
 // it woke, the most so far. A test whose subject is timing adds a multiple
 // of it to its bound, so that a loaded machine (other processes on the
 // same cores, the race detector) widens the margin by what it actually
 // cost, and an idle one keeps it tight.
-type delayProbe struct {
+type DelayProbe struct {
 	worst atomic.Int64 // nanoseconds
 	quit  chan struct{}
 	done  chan struct{}
 }
 
-// startDelayProbe starts a probe; it stops at the test's end if not before.
-func startDelayProbe(t *testing.T) *delayProbe {
-	p := &delayProbe{quit: make(chan struct{}), done: make(chan struct{})}
+// StartDelayProbe starts a probe; it stops at the test's end if not
+// before.
+func StartDelayProbe(t testing.TB) *DelayProbe {
+	p := &DelayProbe{quit: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		timer := time.NewTimer(probeTick)
@@ -41,17 +42,20 @@ func startDelayProbe(t *testing.T) *delayProbe {
 			}
 		}
 	}()
-	t.Cleanup(func() { p.stop() })
+	t.Cleanup(func() { p.Stop() })
 	return p
 }
 
-// stop ends the probe (once) and returns the worst lateness it saw.
-func (p *delayProbe) stop() time.Duration {
+// Worst returns the worst lateness seen so far.
+func (p *DelayProbe) Worst() time.Duration { return time.Duration(p.worst.Load()) }
+
+// Stop ends the probe (once) and returns the worst lateness it saw.
+func (p *DelayProbe) Stop() time.Duration {
 	select {
 	case <-p.quit:
 	default:
 		close(p.quit)
 	}
 	<-p.done
-	return time.Duration(p.worst.Load())
+	return p.Worst()
 }
