@@ -18,8 +18,11 @@ func TestPickBook(t *testing.T) {
 	b.begin(a)
 	b.begin(c)
 	m, n := uuid.New(), uuid.New()
-	if !b.offer(a, m) || !b.offer(a, m) {
-		t.Fatal("an attempt may offer a machine, and again")
+	if !b.offer(a, m) {
+		t.Fatal("an attempt could not offer a machine no one offered")
+	}
+	if !b.offer(a, m) {
+		t.Fatal("an attempt could not offer again a machine it offered")
 	}
 	if b.offer(c, m) {
 		t.Fatal("another attempt offered a machine offered by one in flight")
