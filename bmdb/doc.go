@@ -118,8 +118,10 @@
 //     that reached the server before the deadline and is still being
 //     processed at it. On CockroachDB a transaction stopped after its last
 //     check may still commit up to one interval after the deadline, if no
-//     takeover or GC superseded its session meanwhile (it is then
-//     serialized before any later one).
+//     takeover or GC superseded its session meanwhile, or if it wrote
+//     nothing a takeover meanwhile touched: it is then serialized before
+//     the takeover and any later transaction, though its COMMIT came after
+//     them by the clock. "After" above is the serialization order there.
 //   - A takeover waits behind a stalled or partitioned holder for at most
 //     about one interval after the holder's deadline, however long the
 //     stall.
