@@ -564,7 +564,7 @@ func (l *Loop) claimer(claimCtx, workCtx context.Context, sess *bmdb.Session, ha
 
 // handle is a handler goroutine, started with w: it runs Config.Work and
 // ends the claim, and, as long as the Work succeeds, the loop runs and no
-// other handler of the loop is ending a claim, asks in the same call for
+// other handler of the loop is finishing a successful Work, asks in the same call for
 // its next machine (Work.FinishAndWork: one transaction per machine),
 // working on it in turn. It holds its busy token
 // throughout, and gives it back when it has no next machine. Otherwise

@@ -27,6 +27,7 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 	defer stop()
 	var claims []*request
 	tok := &pickToken{}
+	defer q.picks.release(tok) // also if a bug's panic ends the batch (callbacks' are caught)
 	attempts, err := e.runner.RunCounted(ctx, e.cfg.Isolation, e.lease, func(tx *txn.Tx) error {
 		// Calls join before the attempt's first statement: a Finish of a
 		// claim that another batch committed must see it in its snapshot.

@@ -31,6 +31,7 @@ const loneOffer = 16
 type claimPass struct {
 	q          *queue
 	tok        *pickToken // the batch's place in the queue's pick book
+	steered    []bool     // per call: the pick book kept it from a candidate
 	reqs       []*request
 	candidates [][]uuid.UUID      // each call's, distinct, in its order
 	used       map[uuid.UUID]bool // candidates offered to a claim statement
@@ -48,7 +49,7 @@ type claimPass struct {
 
 func (q *queue) newClaimPass(reqs []*request, tok *pickToken) *claimPass {
 	return &claimPass{q: q, tok: tok, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{},
-		unfenced: map[uuid.UUID]bool{}}
+		unfenced: map[uuid.UUID]bool{}, steered: make([]bool, len(reqs))}
 }
 
 // run runs every call's retrieve; then, in rounds of one statement, claims
@@ -127,7 +128,11 @@ func (p *claimPass) rounds(ctx context.Context, tx *txn.Tx, may func(uuid.UUID) 
 			}
 			for ; offer > 0 && need > 0 && next[i] < len(p.candidates[i]); next[i]++ {
 				m := p.candidates[i][next[i]]
-				if p.used[m] || p.unfenced[m] || !may(m) || !p.q.picks.offer(p.tok, m) {
+				if p.used[m] || p.unfenced[m] || !may(m) {
+					continue
+				}
+				if !p.q.picks.offer(p.tok, m) {
+					p.steered[i] = true // another batch of the session has it
 					continue
 				}
 				p.used[m], owner[m] = true, r.claim
@@ -143,6 +148,22 @@ func (p *claimPass) rounds(ctx context.Context, tx *txn.Tx, may func(uuid.UUID) 
 		})
 		if err != nil {
 			return err
+		}
+		if !p.q.e.cfg.Cockroach {
+			// PostgreSQL locked and wrote only what it claimed: what it
+			// was offered and did not claim cannot make another batch's
+			// pick stale, and is free to offer.
+			claimed := make(map[uuid.UUID]bool, len(got))
+			for _, c := range got {
+				claimed[c.Machine] = true
+			}
+			var unclaimed []uuid.UUID
+			for _, m := range picks {
+				if !claimed[m] {
+					unclaimed = append(unclaimed, m)
+				}
+			}
+			p.q.picks.withdraw(p.tok, unclaimed)
 		}
 		p.sweep = false
 		for _, m := range st.unfenced {
@@ -269,8 +290,9 @@ func (p *claimPass) diagnose(ctx context.Context, tx *txn.Tx) error {
 		if !isOutcome(err) {
 			return err
 		}
-		if errors.Is(err, ErrNothingToDo) && len(rest) < len(p.candidates[i]) {
-			// Taken by other calls of this batch: claimed.
+		if errors.Is(err, ErrNothingToDo) && (len(rest) < len(p.candidates[i]) || p.steered[i]) {
+			// Taken by other calls of this batch, or offered by another
+			// batch of the session: claimed, or being claimed.
 			err = fmt.Errorf("%w (process %q)", ErrWorkConflict, process)
 		}
 		c.Err = err

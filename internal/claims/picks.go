@@ -41,8 +41,10 @@ type claimedAt struct {
 }
 
 // pickMemory is how long the book remembers a claim: longer than an
-// attempt of a batch may last (txn's bound on one attempt), after which a
-// stale pick costs no more than a retry.
+// attempt of a batch lasts but for a stall, after which a stale pick costs
+// no more than a retry. (On CockroachDB an attempt's read timestamp is
+// taken at BEGIN, a moment before begin notes its start: the book may miss
+// a claim committed in that moment, which the database then arbitrates.)
 const pickMemory = 10 * time.Second
 
 // begin starts a new attempt of tok's batch: what its last attempt
@@ -84,15 +86,26 @@ func (b *pickBook) release(tok *pickToken) {
 	tok.offered = tok.offered[:0]
 }
 
+// withdraw frees machines that tok's attempt offered and will not claim.
+func (b *pickBook) withdraw(tok *pickToken, machines []uuid.UUID) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, m := range machines {
+		if b.picking[m] == tok {
+			delete(b.picking, m)
+		}
+	}
+}
+
 // committed notes the machines a batch claimed, as of now, and forgets
 // claims older than pickMemory.
 func (b *pickBook) committed(machines []uuid.UUID) {
 	if len(machines) == 0 {
 		return
 	}
-	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	now := time.Now() // under the lock: order stays oldest first
 	if b.picking == nil {
 		b.picking, b.claimed = map[uuid.UUID]*pickToken{}, map[uuid.UUID]time.Time{}
 	}

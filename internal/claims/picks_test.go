@@ -43,4 +43,8 @@ func TestPickBook(t *testing.T) {
 	if !b.offer(a, n) {
 		t.Fatal("an offer of an attempt that ended was not freed")
 	}
+	b.withdraw(a, []uuid.UUID{n}) // offered, not claimed (PostgreSQL)
+	if !b.offer(c, n) {
+		t.Fatal("a withdrawn offer was not freed")
+	}
 }

@@ -368,8 +368,8 @@ func (lb *liveness) delayOf(from, to time.Time) time.Duration {
 	return lb.delays.during(from, to).allowance()
 }
 
-// afterOutage is how late the fleet may resume claiming after an outage
-// or overload ends: a claim loop that failed during it may be sleeping
+// afterOutage is how late the fleet may resume claiming after each outage
+// or overload that ends in a window or up to afterOutage before it: a claim loop that failed during it may be sleeping
 // its longest poll (pollMax), and then the transaction that fails first
 // waits up to the runner's longest retry delay before its next attempt.
 const afterOutage = pollMax + txn.RetryCap
@@ -377,9 +377,13 @@ const afterOutage = pollMax + txn.RetryCap
 // allowed returns bound widened for the window [from, to], and how.
 func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Duration, string) {
 	out := lb.outages.overlap(from, to)
+	// The fleet resumes after each outage that ended in the window or
+	// shortly before it.
 	var resume time.Duration
-	if out > 0 {
-		resume = afterOutage
+	for _, w := range lb.outages {
+		if w[1].After(from.Add(-afterOutage)) && w[0].Before(to) {
+			resume += afterOutage
+		}
 	}
 	m := lb.delays.during(from, to)
 	return bound + out + resume + m.allowance(), fmt.Sprintf("bound %v, + %v database outage or overload and %v resuming after it, + %d x %v timer lateness + %d x %v round trip + %v connecting, the worst measured then",
