@@ -145,7 +145,10 @@
 // that want more, the machines those ends freed. Each claim gets machines
 // no other claim of the batch got. Batches form from what waits while the
 // previous one runs: no timer adds latency at low load, and at high load
-// one transaction serves many calls.
+// one transaction serves many calls. With the default of one batch at a
+// time, a slow retrieve or commit callback holds the session's other
+// calls of its process until its batch ends: raise
+// Config.MaxConcurrentBatches where callbacks may be slow.
 //
 // Each call gets its own outcome, nil only once its batch committed, and
 // one call's failure is its own: a lost claim fails only its end
