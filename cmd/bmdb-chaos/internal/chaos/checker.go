@@ -45,7 +45,7 @@ func (h *harness) check(ctx context.Context, r *Report) error {
 	d := newDelays(ops, faults, offset)
 	expired, n := selfExpired(ops, faults, offset, h.cfg.Interval/2)
 	overloaded := union(d.overloaded(h.cfg.Interval/2), expired)
-	lb := &liveness{outages: union(outages, overloaded), delays: d}
+	lb := &liveness{outages: union(outages, overloaded), delays: d, resume: resumeAfter(h.cfg.Interval)}
 	r.SchedDelays, r.RoundTrips, r.Connects = d.sched.all(), d.ping.all(), d.connect.all()
 	r.Overloaded, r.SelfExpired = overloaded.total(), n
 	if err := h.checkItems(ctx, r); err != nil {
@@ -342,6 +342,7 @@ func (h *harness) checkReclaims(ctx context.Context, r *Report, final map[uuid.U
 type liveness struct {
 	outages outageWindows // the database's outages and the overloaded windows, merged
 	delays  *delays
+	resume  time.Duration // allowed after each outage for the fleet to resume (resumeAfter)
 }
 
 // What a liveness bound allows for each delay measured in its window:
@@ -368,11 +369,14 @@ func (lb *liveness) delayOf(from, to time.Time) time.Duration {
 	return lb.delays.during(from, to).allowance()
 }
 
-// afterOutage is how late the fleet may resume claiming after each outage
-// or overload that ends in a window or up to afterOutage before it: a claim loop that failed during it may be sleeping
-// its longest poll (pollMax), and then the transaction that fails first
-// waits up to the runner's longest retry delay before its next attempt.
-const afterOutage = pollMax + txn.RetryCap
+// resumeAfter is how late a fleet of sessions of interval may resume
+// claiming after an outage or overload ends: a session that expired
+// during it is replaced (its loop closes it and starts another, retrying
+// every 100 ms: an interval at most), a claim loop that failed meanwhile
+// may be asleep for its longest poll (pollMax), and the transaction that
+// fails first waits up to the runner's longest retry delay before its
+// next attempt.
+func resumeAfter(interval time.Duration) time.Duration { return interval + pollMax + txn.RetryCap }
 
 // allowed returns bound widened for the window [from, to], and how.
 func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Duration, string) {
@@ -381,8 +385,8 @@ func (lb *liveness) allowed(bound time.Duration, from, to time.Time) (time.Durat
 	// shortly before it.
 	var resume time.Duration
 	for _, w := range lb.outages {
-		if w[1].After(from.Add(-afterOutage)) && w[0].Before(to) {
-			resume += afterOutage
+		if w[1].After(from.Add(-lb.resume)) && w[0].Before(to) {
+			resume += lb.resume
 		}
 	}
 	m := lb.delays.during(from, to)

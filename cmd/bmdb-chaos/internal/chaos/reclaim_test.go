@@ -87,10 +87,10 @@ func TestLivenessAllowance(t *testing.T) {
 		{record: record{Kind: opPing, Call: mono(5000), Return: mono(5010), Late: int64(10 * time.Millisecond)}, Worker: 0},
 	}
 	faults := []workerWindow{{worker: 2, from: at(200), to: at(2900)}}
-	lb := &liveness{outages: outageWindows{{at(100), at(200)}}, delays: newDelays(ops, faults, offset)}
+	lb := &liveness{outages: outageWindows{{at(100), at(200)}}, delays: newDelays(ops, faults, offset), resume: resumeAfter(time.Second)}
 	got, why := lb.allowed(time.Second, at(0), at(1000))
-	// The outage, and the fleet's resuming after it (afterOutage).
-	want := time.Second + 100*time.Millisecond + afterOutage + wakeUps*40*time.Millisecond + roundTrips*100*time.Millisecond + 300*time.Millisecond
+	// The outage, and the fleet's resuming after it (resumeAfter).
+	want := time.Second + 100*time.Millisecond + time.Second + pollMax + 250*time.Millisecond + wakeUps*40*time.Millisecond + roundTrips*100*time.Millisecond + 300*time.Millisecond
 	if got != want {
 		t.Errorf("allowed %v (%s), want %v", got, why, want)
 	}
