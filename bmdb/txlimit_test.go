@@ -14,12 +14,18 @@ import (
 
 // closedTimestamp returns a Config modifier forcing cockroach mode with
 // the emulated closed timestamp at target and no random injection, and a
-// session interval of 2 s, whose heartbeats (every 750 ms, after the clock
-// margin) outlast a loaded machine's stalls.
+// session interval of 4 s. A long transaction of these tests waits for a
+// heartbeat (due Lifetime/2, about 2 s, after the last) and then target:
+// it must reach its last session check before the deadline its snapshot
+// saw, one interval after the heartbeat before it, or that check finds
+// the session expired in its snapshot (ErrStaleLease) before the closed
+// timestamp can fail it. That leaves interval/2 - target, 1.7 s, for a
+// loaded machine's lateness (with 2 s, 0.75 s was not enough under three
+// CPU spinners and the race detector).
 func closedTimestamp(target time.Duration) func(*Config) {
 	return func(c *Config) {
 		withMode(crdbmode.Settings{Enabled: true, ClosedTimestamp: target})(c)
-		c.SessionInterval = 2 * time.Second
+		c.SessionInterval = 4 * time.Second
 	}
 }
 
