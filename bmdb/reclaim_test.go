@@ -119,11 +119,16 @@ func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 					t.Fatal(err)
 				}
 				left := e.count("SELECT count(*) FROM machines m WHERE NOT EXISTS (SELECT 1 FROM work_history h WHERE h.machine_id = m.machine_id AND h.event = 'Started')")
+				// The claim that meets the dead claim (in its candidates, or
+				// in the quarter-interval sweep) takes it over; the machine's
+				// next claim may be the call after that one: two of the
+				// longest gaps between claim calls that the run measured,
+				// which is the machine's scheduling delay under load.
 				gapMu.Lock()
-				bound := interval + maxGap
+				bound := interval + 2*maxGap
 				gapMu.Unlock()
 				took := last.Sub(deadline)
-				t.Logf("reclaimed %v after the deadline (bound %v: the interval and the longest gap between claim calls), %d machines never claimed then",
+				t.Logf("reclaimed %v after the deadline (bound %v: the interval and twice the longest gap between claim calls), %d machines never claimed then",
 					took.Round(time.Millisecond), bound.Round(time.Millisecond), left)
 				if took > bound {
 					t.Errorf("the dead worker's machines were claimed again %v after its deadline, more than %v", took, bound)
