@@ -141,16 +141,21 @@ func explainAnalyze(t *testing.T, e *env, query string, args ...any) string {
 // most interval/4), and on a slow server it may not list and delete every
 // expired session within it: each batch it deletes commits on its own, so
 // every pass makes progress and the next one lists what is left. The
-// emulated server spends 1 ms per session a statement abandons, and a
-// pass has a second: before, one transaction abandoned up to 1,000
-// sessions, never finished within the budget, and a pass deleted nothing,
-// forever; now a batch of 100 takes a tenth of the budget, which leaves
-// the rest for a loaded machine.
+// emulated server spends perSession per session a statement abandons:
+// before, one transaction abandoned up to the 1,000 sessions a pass
+// lists, never finished within the budget, and a pass deleted nothing,
+// forever. The budget is nine tenths of what that one transaction sleeps
+// alone, so it still cannot fit however fast or slow the machine (load
+// only makes it slower); a batch of 100 sleeps a tenth of that, and the
+// other eight tenths are the margin for a loaded machine's real work
+// (with 1 ms per session, a second, it once fell short under -race and
+// a load average of 10).
 func TestGCProgressesWithinItsBudget(t *testing.T) {
 	e := newEnv(t)
 	em := crdbmode.New(crdbmode.Settings{Enabled: true}, nil)
 	em.Off()
-	em.Slow("WorkAbandonOfSessions", time.Millisecond)
+	const perSession = 4 * time.Millisecond
+	em.Slow("WorkAbandonOfSessions", perSession)
 	c := e.open(func(c *Config) {
 		c.WrapConnector, c.GCGracePeriod, c.GCPeriod = em.Wrap, time.Millisecond, time.Hour
 	})
@@ -163,8 +168,21 @@ func TestGCProgressesWithinItsBudget(t *testing.T) {
 		FROM (SELECT machine_id, row_number() OVER () AS n FROM machines) m
 		JOIN (SELECT session_id, row_number() OVER () AS n FROM sessions) s ON s.n = m.n`)
 	left := func() int { return e.count("SELECT count(*) FROM sessions") }
-	const budget = time.Second
+	const budget = lease.GCListLimit * perSession * 9 / 10
+	// A batch that a pass's budget cut in the middle of a statement holds
+	// its sessions on the server until that statement ends and the server
+	// finds the connection gone, and the next pass, here at once, skips
+	// them (SKIP LOCKED, as it skips a takeover's): on a loaded machine
+	// that can be every session left. The next pass waits for no other
+	// transaction of the database to hold the sessions table: what it
+	// must then delete is what it alone can lock.
+	held := func() bool {
+		return e.count(`SELECT count(*) FROM pg_locks
+			WHERE database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			  AND relation = 'sessions'::regclass AND pid <> pg_backend_pid()`) > 0
+	}
 	for pass := 1; left() > 0; pass++ {
+		eventually(t, 30*time.Second, "the server to end the transactions the last pass's budget cut", func() bool { return !held() })
 		before := left()
 		ctx, cancel := context.WithTimeout(context.Background(), budget)
 		n, _, err := c.collector.Pass(ctx)

@@ -438,9 +438,14 @@ func TestWriteSkewAndItsRemedies(t *testing.T) {
 			}
 			e := newWorkEnv(t)
 			e.exec("CREATE TABLE status (machine_id UUID PRIMARY KEY REFERENCES machines, quarantined BOOLEAN NOT NULL DEFAULT FALSE)")
-			c := e.open(func(c *Config) { c.SerializableBatches = tc.serial })
+			// Steady sessions: the subject is isolation, not expiry. With
+			// 1 s, the claim statement set the transaction's idle timeout
+			// to the session's time left (under a second), and a loaded
+			// machine that stalled the batch that long before its COMMIT
+			// had PostgreSQL end the transaction: an ambiguous commit.
+			c := e.open(steady, func(c *Config) { c.SerializableBatches = tc.serial })
 			exact(c)
-			tool := e.open()
+			tool := e.open(steady)
 			exact(tool)
 			s, st := e.session(c), e.session(tool)
 			m := e.machine()

@@ -203,7 +203,9 @@ func TestWaitingCallsShareABatch(t *testing.T) {
 // A write after the statement that checked the session last (here a
 // Cancel's WorkEndMany after the claim statement, in one batch) is
 // followed by the check before COMMIT, by itself: the transaction type
-// knows a statement ran since the last check.
+// knows a statement ran since the last check. What counts is the attempt
+// that committed: one that failed before it (a heartbeat of the session
+// that committed after its snapshot, say) ran again from its retrieve.
 func TestWriteAfterTheClaimStatementGetsTheCheck(t *testing.T) {
 	em := crdbmode.New(crdbmode.Settings{Enabled: true}, nil)
 	em.Off()
@@ -224,7 +226,15 @@ func TestWriteAfterTheClaimStatementGetsTheCheck(t *testing.T) {
 		t.Fatal(err, held.Err)
 	}
 	q := e.queue("p")
-	claim := &request{ctx: context.Background(), claim: &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) { return ids[1:], nil }}, done: make(chan struct{})}
+	// Each attempt of the batch begins with the claim's retrieve: it
+	// marks where the attempt's statements start.
+	const attemptStarts = "(retrieve)"
+	claim := &request{ctx: context.Background(), claim: &ClaimCall{Limit: 1, Retrieve: func(*txn.Tx) ([]uuid.UUID, error) {
+		mu.Lock()
+		names = append(names, attemptStarts)
+		mu.Unlock()
+		return ids[1:], nil
+	}}, done: make(chan struct{})}
 	cancel := &request{ctx: context.Background(), end: &EndCall{Claim: held.Claims[0], Event: store.WorkHistoryEventCanceled}, done: make(chan struct{})}
 	mu.Lock()
 	names = nil
@@ -235,9 +245,18 @@ func TestWriteAfterTheClaimStatementGetsTheCheck(t *testing.T) {
 	}
 	mu.Lock()
 	defer mu.Unlock()
+	began, last := 0, -1
+	for i, name := range names {
+		if name == attemptStarts {
+			began, last = began+1, i
+		}
+	}
+	if began == 0 || began != claim.batch.Attempts {
+		t.Fatalf("the batch's statements = %v: %d attempts began, the batch counted %d", names, began, claim.batch.Attempts)
+	}
 	want := []string{"WorkClaimManyArbitrated", "WorkEndMany", "SessionCheckBeforeCommit"}
-	if !slices.Equal(names, want) {
-		t.Errorf("the batch's statements = %v, want %v: the check before COMMIT after the Cancel's write", names, want)
+	if committed := names[last+1:]; !slices.Equal(committed, want) {
+		t.Errorf("the committed attempt's statements = %v (all: %v), want %v: the check before COMMIT after the Cancel's write", committed, names, want)
 	}
 }
 

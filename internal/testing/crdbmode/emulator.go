@@ -268,8 +268,19 @@ func (c *conn) Close() error { return c.pq.Close() }
 
 func (c *conn) Begin() (driver.Tx, error) { return c.BeginTx(context.Background(), driver.TxOptions{}) }
 
+// BeginTx begins a transaction. lib/pq watches the context of BeginTx
+// until its own Commit or Rollback, and when it ends marks the connection
+// bad and sends a cancel request for whatever the connection runs then.
+// The emulation often ends the transaction itself (at RELEASE, or at a
+// restart) and then skips lib/pq's Commit, so that watch would outlive
+// the transaction: a context ended after COMMIT (a batch's, once it has
+// replied) would break the connection under a later transaction, or
+// cancel one of its statements. So lib/pq is handed a context that never
+// ends, as bmdb's own driver wrapper does (dbconn); database/sql still
+// rolls back, and discards the connection of, a transaction whose context
+// ends, and each statement's own context bounds it.
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	t, err := c.pq.BeginTx(ctx, opts)
+	t, err := c.pq.BeginTx(context.WithoutCancel(ctx), opts)
 	if err != nil {
 		return nil, err
 	}
