@@ -389,9 +389,10 @@ func TestFinishRacingATakeover(t *testing.T) {
 	// two sessions are two components, each with its connection (one
 	// connection runs its claim transactions one at a time).
 	c := e.open(func(c *Config) { c.SessionInterval = time.Minute })
-	other := e.open()
-	// The takeover waits ~30 s behind the stalled Finish: cockroach mode's
-	// injected heartbeat failures could expire s2 meanwhile.
+	// The takeover waits ~30 s behind the stalled Finish: a 1 s session
+	// could expire meanwhile on a loaded machine, or by cockroach mode's
+	// injected heartbeat failures.
+	other := e.open(steady)
 	exact(c)
 	exact(other)
 	var once sync.Once
