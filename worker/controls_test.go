@@ -98,6 +98,9 @@ func TestLoopWaitsOutAPause(t *testing.T) {
 		t.Errorf("first machine done %v after the resume, want within %v (PollMax %v, ResumeProcess took %v)", took, limit, pollMax, resumeTook)
 	}
 	eventually(t, 30*time.Second, "every machine done", func() bool { return e.count("SELECT count(*) FROM done") == machines })
+	// A handler counts its Finish once the call returns, a moment after
+	// the commit the count above saw.
+	eventually(t, 10*time.Second, "every Finish counted", func() bool { return l.Stats().Finished == machines })
 	if st := l.Stats(); st.Paused == 0 || st.Finished != machines {
 		t.Errorf("stats %+v", st)
 	}
