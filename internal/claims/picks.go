@@ -29,7 +29,7 @@ type pickBook struct {
 
 // pickToken is one batch's place in the book: what its attempt in flight
 // offered, and when that attempt began. Owned by the batch's goroutine;
-// offered is guarded by the book's mu.
+// offered is written under the book's mu, by that goroutine alone.
 type pickToken struct {
 	start   time.Time
 	offered []uuid.UUID
@@ -60,9 +60,7 @@ func (b *pickBook) begin(tok *pickToken) {
 func (b *pickBook) offer(tok *pickToken, m uuid.UUID) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.picking == nil {
-		b.picking, b.claimed = map[uuid.UUID]*pickToken{}, map[uuid.UUID]time.Time{}
-	}
+	b.init()
 	if owner, ok := b.picking[m]; ok {
 		return owner == tok
 	}
@@ -76,13 +74,7 @@ func (b *pickBook) offer(tok *pickToken, m uuid.UUID) bool {
 
 // release frees what tok's attempt offered.
 func (b *pickBook) release(tok *pickToken) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, m := range tok.offered {
-		if b.picking[m] == tok {
-			delete(b.picking, m)
-		}
-	}
+	b.withdraw(tok, tok.offered)
 	tok.offered = tok.offered[:0]
 }
 
@@ -97,6 +89,13 @@ func (b *pickBook) withdraw(tok *pickToken, machines []uuid.UUID) {
 	}
 }
 
+// init makes the book's maps on first use; b.mu held.
+func (b *pickBook) init() {
+	if b.picking == nil {
+		b.picking, b.claimed = map[uuid.UUID]*pickToken{}, map[uuid.UUID]time.Time{}
+	}
+}
+
 // committed notes the machines a batch claimed, as of now, and forgets
 // claims older than pickMemory.
 func (b *pickBook) committed(machines []uuid.UUID) {
@@ -106,9 +105,7 @@ func (b *pickBook) committed(machines []uuid.UUID) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now() // under the lock: order stays oldest first
-	if b.picking == nil {
-		b.picking, b.claimed = map[uuid.UUID]*pickToken{}, map[uuid.UUID]time.Time{}
-	}
+	b.init()
 	for _, m := range machines {
 		b.claimed[m] = now
 		b.order = append(b.order, claimedAt{m, now})
