@@ -22,7 +22,7 @@ func TestTransactHotRowAllCommit(t *testing.T) {
 	e := newEnv(t)
 	e.exec("CREATE TABLE counter (id INT PRIMARY KEY, n INT NOT NULL)")
 	e.exec("INSERT INTO counter VALUES (1, 0)")
-	c := e.open()
+	c := e.open(steady) // the subject is retries on a hot row, not expiry under load
 	s := e.session(c)
 
 	const workers, increments = 8, 50
