@@ -2,6 +2,7 @@ package bmdb
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -131,7 +132,8 @@ func TestDeadWorkersMachinesWorkedAgainWithinAnInterval(t *testing.T) {
 				t.Logf("reclaimed %v after the deadline (bound %v: the interval and twice the longest gap between claim calls), %d machines never claimed then",
 					took.Round(time.Millisecond), bound.Round(time.Millisecond), left)
 				if took > bound {
-					t.Errorf("the dead worker's machines were claimed again %v after its deadline, more than %v", took, bound)
+					t.Errorf("the dead worker's machines were claimed again %v after its deadline, more than %v; their history:", took, bound)
+					logHistory(t, e.db, held, deadline)
 				}
 				// Garbage collection (every interval) may end some of the
 				// claims first; the claims that took over count the rest.
@@ -177,5 +179,26 @@ func TestExpiredClaimsSlotIsTakenOver(t *testing.T) {
 	}
 	if n := c.Stats().ClaimsTakenOver; n != 1 {
 		t.Errorf("Stats.ClaimsTakenOver = %d, want the one claim taken over", n)
+	}
+}
+
+// logHistory logs the history of machines, each row's time from since.
+func logHistory(t *testing.T, db *sql.DB, machines []uuid.UUID, since time.Time) {
+	t.Helper()
+	rows, err := db.Query(`SELECT machine_id, process, event, session_id, at - $2::TIMESTAMPTZ FROM work_history
+		WHERE machine_id = ANY ($1) ORDER BY at, machine_id`, pq.Array(machines), since)
+	if err != nil {
+		t.Logf("reading the history: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var m, s uuid.UUID
+		var process, event, after string
+		if err := rows.Scan(&m, &process, &event, &s, &after); err != nil {
+			t.Logf("reading the history: %v", err)
+			return
+		}
+		t.Logf("  %s %s %s by session %s at %s", m, process, event, s, after)
 	}
 }

@@ -28,6 +28,10 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 	var claims []*request
 	tok := &pickToken{}
 	defer q.picks.release(tok) // also if a bug's panic ends the batch (callbacks' are caught)
+	// Once due, every attempt of the batch sweeps (sweepDue): a sweep
+	// whose attempt failed, say in a serialization conflict with the
+	// claims it read, found nothing that counts.
+	sweep := false
 	attempts, err := e.runner.RunCounted(ctx, e.cfg.Isolation, e.lease, func(tx *txn.Tx) error {
 		// Calls join before the attempt's first statement: a Finish of a
 		// claim that another batch committed must see it in its snapshot.
@@ -39,7 +43,10 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 		var ends []*request
 		claims, ends = split(reqs)
 		q.picks.begin(tok)
-		return q.attempt(ctx, tx, tok, claims, ends)
+		if len(claims) > 0 && !sweep {
+			sweep = q.sweepDue()
+		}
+		return q.attempt(ctx, tx, tok, claims, ends, sweep)
 	})
 	if errors.Is(err, txn.ErrAmbiguousCommit) && len(claims) > 0 {
 		err = q.resolveClaims(ctx, claims, err) // nil: a claim is held, the transaction committed
@@ -67,14 +74,15 @@ func (q *queue) runBatch(reqs []*request, join bool) {
 // after the snapshot that their retrievals read (the session check is the
 // first claim statement), then the ends, then claims of the machines those
 // ends freed. The check before COMMIT follows (Run's guard, the lease),
-// unless the attempt's last statement checked the session.
-func (q *queue) attempt(ctx context.Context, tx *txn.Tx, tok *pickToken, claims, ends []*request) error {
+// unless the attempt's last statement checked the session. With sweep,
+// the first claim statement sweeps the process's expired claims.
+func (q *queue) attempt(ctx context.Context, tx *txn.Tx, tok *pickToken, claims, ends []*request, sweep bool) error {
 	for _, r := range append(claims, ends...) {
 		r.suspect, r.claimFailed, r.panicked = false, false, nil
 	}
 	var cp *claimPass
 	if len(claims) > 0 {
-		cp = q.newClaimPass(claims, tok)
+		cp = q.newClaimPass(claims, tok, sweep)
 		if err := cp.run(ctx, tx); err != nil {
 			return err
 		}

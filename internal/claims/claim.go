@@ -47,8 +47,8 @@ type claimPass struct {
 	abandoned       []string // processes of the claims its takeovers ended
 }
 
-func (q *queue) newClaimPass(reqs []*request, tok *pickToken) *claimPass {
-	return &claimPass{q: q, tok: tok, reqs: reqs, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{},
+func (q *queue) newClaimPass(reqs []*request, tok *pickToken, sweep bool) *claimPass {
+	return &claimPass{q: q, tok: tok, reqs: reqs, sweep: sweep, candidates: make([][]uuid.UUID, len(reqs)), used: map[uuid.UUID]bool{},
 		unfenced: map[uuid.UUID]bool{}, steered: make([]bool, len(reqs))}
 }
 
@@ -82,7 +82,6 @@ func (p *claimPass) run(ctx context.Context, tx *txn.Tx) error {
 		}
 		p.candidates[i] = distinct(ids)
 	}
-	p.sweep = p.q.sweepDue()
 	if err := p.rounds(ctx, tx, func(uuid.UUID) bool { return true }, true); err != nil {
 		return err
 	}
@@ -502,9 +501,9 @@ func whyNothing(ctx context.Context, tx *txn.Tx, process string, candidates []uu
 	return fmt.Errorf("%w (process %q)", ErrNothingToDo, process)
 }
 
-// sweepDue reports whether the next claim statement should find every
-// claim of the process held by an expired session, not only those among
-// its candidates (claimPass.run), and notes it: once every quarter of a
+// sweepDue reports whether the next batch's claim statements should find
+// every claim of the process held by an expired session, not only those
+// among its candidates (runBatch), and notes it: once every quarter of a
 // session interval, so that a dead worker's claims of the process end
 // about that soon after its deadline whatever the retrievals return, at
 // the cost of reading the process's claims (work_process_idx) that often.
