@@ -137,8 +137,10 @@ func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrat
 			l := &migrationLock{db: db, holder: holder}
 			l.renewInBackground()
 			return l, nil
+		case ctx.Err() != nil:
+			return nil, waitedErr(ctx, db, start, held)
 		case !errors.Is(err, sql.ErrNoRows) && !dbconn.IsRetryable(err):
-			return nil, fmt.Errorf("migrations: taking the migration lock: %w", dbconn.ContextError(ctx, err))
+			return nil, fmt.Errorf("migrations: taking the migration lock: %w", err)
 		}
 		if lock, err := readMigrationLock(ctx, db); err == nil && lock != nil {
 			if held == nil || lock.Holder != held.Holder {
@@ -147,13 +149,27 @@ func acquireMigrationLock(ctx context.Context, db *sql.DB, info string) (*migrat
 			held = lock
 		}
 		if err := wait.Sleep(ctx, poll/2+rand.N(poll/2+1)); err != nil {
-			if held != nil {
-				return nil, fmt.Errorf("migrations: waited %v for the migration lock held by %s: %w", time.Since(start).Round(time.Millisecond), held.describe(false), err)
-			}
-			return nil, fmt.Errorf("migrations: waiting %v for the migration lock: %w", time.Since(start).Round(time.Millisecond), err)
+			return nil, waitedErr(ctx, db, start, held)
 		}
 		poll = min(2*poll, 500*time.Millisecond)
 	}
+}
+
+// waitedErr is acquireMigrationLock's error when ctx ended while it
+// waited since start: it names the holder, as last read (held), or, if
+// ctx ended before the lease was ever read, as read now in a short
+// detached read.
+func waitedErr(ctx context.Context, db *sql.DB, start time.Time, held *Lock) error {
+	waited := time.Since(start).Round(time.Millisecond)
+	if held == nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		held, _ = readMigrationLock(rctx, db)
+		cancel()
+	}
+	if held != nil {
+		return fmt.Errorf("migrations: waited %v for the migration lock held by %s: %w", waited, held.describe(false), context.Cause(ctx))
+	}
+	return fmt.Errorf("migrations: waiting %v for the migration lock: %w", waited, context.Cause(ctx))
 }
 
 // lockTimeFormat is how messages show the lease's times.
