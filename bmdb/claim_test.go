@@ -170,7 +170,9 @@ func TestClaimRefusesABackedOffMachine(t *testing.T) {
 // Abandoned once, and claimed again at most once.
 func TestGCRacingABatchTakingOver(t *testing.T) {
 	e, c1, _, s1, _, _, _ := twoProcesses(t)
-	s0 := e.session(e.open())
+	// A steady session until it is expired below: its claims' subject is
+	// not timing (a 1 s interval lapsed once beside three spinners).
+	s0 := e.session(e.open(func(c *Config) { c.SessionInterval = 10 * time.Second }))
 	ms := make([]uuid.UUID, 6)
 	for i := range ms {
 		ms[i] = e.machine()
