@@ -143,6 +143,7 @@ func TestCockroachTransactionOlderThanClosedTimestamp(t *testing.T) {
 func TestCreateMachinesWithinTransactionBound(t *testing.T) {
 	e := newEnv(t)
 	c := e.open(func(c *Config) {
+		c.SessionInterval = 10 * time.Second // its subject is the bound, not the session (1 s lapsed under load)
 		if !testdb.Cockroach() {
 			c.MaxTransactionDuration = -1
 		}
