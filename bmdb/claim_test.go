@@ -388,3 +388,28 @@ func retrieveUnclaimed(tx *Tx) ([]uuid.UUID, error) {
 		  AND NOT EXISTS (SELECT 1 FROM work w WHERE w.machine_id = m.machine_id AND w.process = 'install')
 		ORDER BY machine_id LIMIT 10`)
 }
+
+// A call whose candidates change between the attempts of its batch (others
+// took the first ones meanwhile) has the claim rows of the new ones made
+// too, and claims one. Before, a call made claim rows once: the attempt
+// after that rerun, offered a new machine without a claim row, returned
+// ErrNothingToDo while a free machine waited (seen as a process that
+// finished nothing in TestProcessesWithTheSameCandidates).
+func TestNewCandidatesAfterARerunGetClaimRows(t *testing.T) {
+	e := newWorkEnv(t)
+	s := e.session(e.open())
+	first, second := e.machine(), e.machine() // neither has a claim row
+	var calls atomic.Int32
+	w, err := s.Work(context.Background(), "install", func(tx *Tx) ([]uuid.UUID, error) {
+		if calls.Add(1) == 1 {
+			return []uuid.UUID{first}, nil
+		}
+		return []uuid.UUID{second}, nil
+	})
+	if err != nil || w.Machine() != second {
+		t.Fatalf("Work with a new candidate after the claim-row rerun = %v, %v; want %s claimed", w, err, second)
+	}
+	if n := calls.Load(); n < 2 {
+		t.Errorf("%d retrievals, want a rerun after the first made claim rows", n)
+	}
+}

@@ -188,16 +188,16 @@ func (p *claimPass) rounds(ctx context.Context, tx *txn.Tx, may func(uuid.UUID) 
 }
 
 // short reports whether a call wants more machines than it claimed and
-// was offered a candidate without a claim row, whose rows it has not made
+// was offered a candidate without a claim row, whose row it has not made
 // yet in this batch.
 func (p *claimPass) short() bool {
 	for i, r := range p.reqs {
 		c := r.claim
-		if len(c.Claims) >= c.Limit || c.fenced {
+		if len(c.Claims) >= c.Limit {
 			continue
 		}
 		for _, m := range p.candidates[i] {
-			if p.unfenced[m] {
+			if p.unfenced[m] && !c.fenced[m] {
 				return true
 			}
 		}
@@ -275,14 +275,22 @@ func (p *claimPass) diagnose(ctx context.Context, tx *txn.Tx) error {
 		for _, m := range p.candidates[i] {
 			if !claimed[m] {
 				rest = append(rest, m)
-				unfenced = unfenced || p.unfenced[m]
+				// Each candidate's row is made once per call: an attempt
+				// after a rerun may retrieve new candidates (others took
+				// the first ones meanwhile), whose rows it makes too.
+				unfenced = unfenced || (p.unfenced[m] && !c.fenced[m])
 			}
 		}
-		if unfenced && !c.fenced {
+		if unfenced {
 			if err := p.q.makeClaimRows(ctx, rest); err != nil {
 				return fmt.Errorf("bmdb: Work(%q): %w", process, err)
 			}
-			c.fenced = true
+			if c.fenced == nil {
+				c.fenced = make(map[uuid.UUID]bool, len(rest))
+			}
+			for _, m := range rest {
+				c.fenced[m] = true
+			}
 			return fmt.Errorf("%w: claim rows made", txn.ErrRerun)
 		}
 		err := whyNothing(ctx, tx, process, rest)

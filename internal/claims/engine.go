@@ -94,8 +94,8 @@ type ClaimCall struct {
 	Err       error
 	Batch     Batch // the batch that carried it, for its span
 
-	start  time.Time // when the call was made, for the latency
-	fenced bool      // made claim rows for its candidates and ran again; owned by its batch
+	start  time.Time          // when the call was made, for the latency
+	fenced map[uuid.UUID]bool // candidates whose claim rows it made (and ran again); owned by its batch
 }
 
 // EndCall ends Claim as Event (Finished, Canceled or Failed). A Finish
