@@ -65,8 +65,9 @@ func (q *queue) newClaimPass(reqs []*request, tok *pickToken, sweep bool) *claim
 // (diagnose): ErrProcessPaused or ErrCapReached, ErrNothingToDo,
 // ErrWorkConflict or ErrUnknownMachine; any other error fails the
 // attempt. A call left short that was offered a candidate without a claim
-// row has the rows of all its candidates made, once, and the attempt runs
-// again (txn.ErrRerun): its snapshot cannot see them.
+// row has the rows of all its candidates made (each candidate's once per
+// call), and the attempt runs again (txn.ErrRerun): its snapshot cannot
+// see them.
 func (p *claimPass) run(ctx context.Context, tx *txn.Tx) error {
 	for i, r := range p.reqs {
 		c := r.claim
