@@ -536,13 +536,16 @@ func TestFencingTokensGrow(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	m := e.machine()
-	first := e.session(e.open())
+	// Steady sessions (the first is expired in the database below): the
+	// tokens are the subject, not timing; 1 s lapsed beside three spinners.
+	steady := func(c *Config) { c.SessionInterval = 10 * time.Second }
+	first := e.session(e.open(steady))
 	w1, err := first.Work(ctx, "install", retrieveAll(m))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.expireInDB(first.ID(), time.Second)
-	second := e.session(e.open())
+	second := e.session(e.open(steady))
 	w2, err := second.Work(ctx, "install", retrieveAll(m))
 	if err != nil {
 		t.Fatal(err)
