@@ -3,7 +3,9 @@ package crdbmode
 import (
 	"context"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -300,10 +302,21 @@ func (c *conn) lockAtFetch(ctx context.Context, q string, args []driver.NamedVal
 		if err != nil {
 			return err
 		}
+		// An error after the first row (a serialization failure of a
+		// locking read, a lock timeout) comes from Next, and lib/pq's
+		// Close does not repeat it: dropping it left the transaction
+		// aborted and the statement itself failing with 25P02.
 		dest := make([]driver.Value, len(rows.Columns()))
-		for rows.Next(dest) == nil {
+		for err == nil {
+			err = rows.Next(dest)
 		}
-		if err := rows.Close(); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		if cerr := rows.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
 			return err
 		}
 		c.e.count(LocksAtFetch)
