@@ -19,25 +19,13 @@ import (
 	"github.com/bmdb-dev/bmdb/internal/lease"
 	"github.com/bmdb-dev/bmdb/internal/store"
 	"github.com/bmdb-dev/bmdb/internal/testing/crdbmode"
+	"github.com/bmdb-dev/bmdb/internal/testing/schema"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/internal/txn"
-	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 func TestMain(m *testing.M) {
-	os.Exit(testdb.Run(m, func(ctx context.Context, dsn string) error {
-		db, err := sql.Open("postgres", dsn)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		mig, err := migrations.New(db, nil)
-		if err != nil {
-			return err
-		}
-		_, err = mig.Up(ctx)
-		return err
-	}))
+	os.Exit(testdb.Run(m, schema.Up))
 }
 
 // testEngine is a session's engine on a new database, on a pool through

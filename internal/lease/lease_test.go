@@ -14,9 +14,9 @@ import (
 
 	"github.com/bmdb-dev/bmdb/internal/counters"
 	"github.com/bmdb-dev/bmdb/internal/store"
+	"github.com/bmdb-dev/bmdb/internal/testing/schema"
 	"github.com/bmdb-dev/bmdb/internal/testing/testdb"
 	"github.com/bmdb-dev/bmdb/internal/txn"
-	"github.com/bmdb-dev/bmdb/migrations"
 )
 
 // The lease's own tests: the session row, its heartbeat and local
@@ -25,19 +25,7 @@ import (
 // transactions of an application, cockroach mode) is tested in bmdb.
 
 func TestMain(m *testing.M) {
-	os.Exit(testdb.Run(m, func(ctx context.Context, dsn string) error {
-		db, err := sql.Open("postgres", dsn)
-		if err != nil {
-			return err
-		}
-		defer db.Close()
-		mig, err := migrations.New(db, nil)
-		if err != nil {
-			return err
-		}
-		_, err = mig.Up(ctx)
-		return err
-	}))
+	os.Exit(testdb.Run(m, schema.Up))
 }
 
 // newRunner returns a runner on a new database, and the database.

@@ -542,16 +542,7 @@ func (c *conn) waitForLocks(ctx context.Context, q string, args []driver.NamedVa
 	shared := strings.TrimRight(strings.TrimSpace(q), ";") + "\nFOR SHARE"
 	rows, err := c.pq.QueryContext(ctx, shared, args)
 	if err == nil {
-		dest := make([]driver.Value, len(rows.Columns()))
-		for err == nil {
-			err = rows.Next(dest)
-		}
-		if errors.Is(err, io.EOF) {
-			err = nil
-		}
-		if cerr := rows.Close(); err == nil {
-			err = cerr
-		}
+		err = drain(rows)
 	}
 	_, rerr := c.pq.ExecContext(ctx, "ROLLBACK TO SAVEPOINT bmdb_lock_wait; RELEASE SAVEPOINT bmdb_lock_wait", nil)
 	var pe *pq.Error
@@ -914,4 +905,24 @@ func sqlState(err error) string {
 		return string(pe.Code)
 	}
 	return ""
+}
+
+// drain reads rows to their end and closes them, returning the first
+// error. An error after the first row (a serialization failure of a
+// locking read, a lock timeout) comes from Next, and lib/pq's Close does
+// not repeat it: a caller that dropped it would leave the transaction
+// aborted, and the next statement failing with 25P02.
+func drain(rows driver.Rows) error {
+	dest := make([]driver.Value, len(rows.Columns()))
+	var err error
+	for err == nil {
+		err = rows.Next(dest)
+	}
+	if errors.Is(err, io.EOF) {
+		err = nil
+	}
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }

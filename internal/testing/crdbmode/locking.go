@@ -3,9 +3,7 @@ package crdbmode
 import (
 	"context"
 	"database/sql/driver"
-	"errors"
 	"fmt"
-	"io"
 	"regexp"
 	"strconv"
 	"strings"
@@ -302,21 +300,7 @@ func (c *conn) lockAtFetch(ctx context.Context, q string, args []driver.NamedVal
 		if err != nil {
 			return err
 		}
-		// An error after the first row (a serialization failure of a
-		// locking read, a lock timeout) comes from Next, and lib/pq's
-		// Close does not repeat it: dropping it left the transaction
-		// aborted and the statement itself failing with 25P02.
-		dest := make([]driver.Value, len(rows.Columns()))
-		for err == nil {
-			err = rows.Next(dest)
-		}
-		if errors.Is(err, io.EOF) {
-			err = nil
-		}
-		if cerr := rows.Close(); err == nil {
-			err = cerr
-		}
-		if err != nil {
+		if err := drain(rows); err != nil {
 			return err
 		}
 		c.e.count(LocksAtFetch)
